@@ -1,0 +1,21 @@
+"""dpsql: answer batches of SQL counting queries over DuckDB under differential privacy.
+
+    import dpsql
+    db = dpsql.connect("census.duckdb")
+    db.protect("adult", "policy.toml")
+    print(db.explain("SELECT sex, COUNT(*) FROM adult GROUP BY sex", epsilon=0.5, delta=1e-6))
+    release = db.answer("SELECT sex, COUNT(*) FROM adult GROUP BY sex", epsilon=0.5, delta=1e-6)
+"""
+
+from .errors import (BudgetExceededError, DpsqlError, EngineError, LockTimeoutError,
+                     ParseError, PolicyError, PrivacyParameterError, StrategyError,
+                     UnsupportedQueryError)
+from .session import Session, connect
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BudgetExceededError", "DpsqlError", "EngineError", "LockTimeoutError", "ParseError",
+    "PolicyError", "PrivacyParameterError", "Session", "StrategyError",
+    "UnsupportedQueryError", "connect",
+]
