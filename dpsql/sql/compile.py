@@ -1,0 +1,246 @@
+"""Compile parsed queries onto cells of the declared domain: the workload matrix ``W``.
+
+Pure function of (queries, policy): nothing here reads data (DESIGN.md, step 2).
+
+1. Every atomic condition of the batch is evaluated on every *unit* of its column's declared
+   domain (see :mod:`dpsql.domain`); a GROUP BY column also separates each of its groups.
+2. Units on which every condition of the batch agrees are merged: each used column is cut
+   into the coarsest partition that expresses every query (its *parts*).
+3. The cells are the product of the parts over the columns the batch uses, in C order
+   (first used column varies slowest). Unused columns are summed out.
+4. Each query, and each group of a GROUP BY, is one row of ``W`` (scipy CSR): 1 on the cells
+   its predicate selects (three-valued logic: only TRUE selects), 0 elsewhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+from ..domain import FALSE, TRUE, UNKNOWN, NotExpressible
+from ..errors import UnsupportedQueryError
+from .parse import Atom, BoolOp, Const, Predicate, Query
+
+#: the largest number of cells one batch may use (the product of the parts)
+MAX_CELLS = 4_000_000
+#: the largest number of non-zeros of W
+MAX_NONZEROS = 50_000_000
+
+
+@dataclass(frozen=True)
+class ColumnPartition:
+    """How one used column's units are merged into parts."""
+
+    column: str
+    unit_to_part: np.ndarray   # int64, one entry per unit
+    n_parts: int
+    part_units: tuple          # tuple of tuples of units, per part
+
+
+@dataclass(frozen=True)
+class Output:
+    """Where one statement's answers sit in ``W``, and their group keys."""
+
+    query: Query
+    start: int                 # first row in W
+    stop: int                  # one past the last row
+    key_columns: tuple         # output names of the key columns
+    key_sources: tuple         # source columns of the key columns
+    keys: list                 # per row: tuple of key values (None when rolled up or NULL)
+    grouping_ids: list | None  # per row, when the statement has several grouping sets
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A compiled batch: the cells, ``W`` and where each statement's rows are."""
+
+    table: str
+    partitions: tuple          # ColumnPartition per used column
+    W: sp.csr_matrix
+    outputs: tuple             # Output per statement
+
+    @property
+    def shape(self) -> tuple:
+        return tuple(p.n_parts for p in self.partitions)
+
+    @property
+    def n_cells(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) if self.partitions else 1
+
+    @property
+    def n_queries(self) -> int:
+        return self.W.shape[0]
+
+
+def _atoms(pred: Predicate | None):
+    if pred is None or isinstance(pred, Const):
+        return
+    if isinstance(pred, Atom):
+        yield pred
+        return
+    for child in pred.children:
+        yield from _atoms(child)
+
+
+def _atom_truth(atom: Atom, domain) -> np.ndarray:
+    """Truth of one atom on each unit of its column, or an error pointing at the atom."""
+    try:
+        if atom.op == "isnull":
+            return domain.is_null()
+        return domain.compare(atom.op, atom.value)
+    except NotExpressible as exc:
+        raise UnsupportedQueryError(
+            f"condition on column {atom.column!r} cannot be answered on its declared domain: "
+            f"{exc}", atom.line, atom.col) from None
+
+
+def compile_workload(queries: list[Query], policy) -> Workload:
+    """Build cells and ``W`` for a batch (all statements on ``policy``'s table)."""
+    tables = {q.table for q in queries}
+    if len(tables) != 1:
+        raise UnsupportedQueryError(
+            f"a batch must query one protected table; this one queries {sorted(tables)} "
+            "(submit one batch per table)")
+    # 1. per column: atoms, grouping, COUNT(col)
+    atom_truth: dict[Atom, np.ndarray] = {}
+    used: list[str] = []
+    grouped: set[str] = set()
+
+    def use(c: str) -> None:
+        if c not in used:
+            used.append(c)
+
+    for q in queries:
+        for a in _atoms(q.where):
+            use(a.column)
+            if a not in atom_truth:
+                atom_truth[a] = _atom_truth(a, policy.column(a.column))
+        if q.count_column is not None:
+            use(q.count_column)
+        for gs in q.grouping_sets:
+            for c in gs:
+                use(c)
+                grouped.add(c)
+    used.sort(key=policy.column_names.index)
+
+    # 2. coarsest partition per column
+    partitions = []
+    for c in used:
+        dom = policy.column(c)
+        columns = [t for a, t in atom_truth.items() if a.column == c]
+        if any(q.count_column == c for q in queries):
+            columns.append(dom.is_null())
+        if c in grouped:
+            gid = np.full(dom.n_units, -1, dtype=np.int64)
+            gid[dom.group_units()] = np.arange(len(dom.group_units()))
+            columns.append(gid)
+        sig = np.stack(columns, axis=1) if columns else np.zeros((dom.n_units, 1))
+        _, first, inverse = np.unique(sig, axis=0, return_index=True, return_inverse=True)
+        # number parts in order of their first unit
+        order = np.argsort(first, kind="stable")
+        rank = np.empty_like(order)
+        rank[order] = np.arange(len(order))
+        unit_to_part = rank[inverse.reshape(-1)].astype(np.int64)
+        part_units = tuple(tuple(np.flatnonzero(unit_to_part == p).tolist())
+                           for p in range(len(order)))
+        partitions.append(ColumnPartition(c, unit_to_part, len(order), part_units))
+    shape = tuple(p.n_parts for p in partitions)
+    n = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    if n > MAX_CELLS:
+        raise UnsupportedQueryError(
+            f"this batch needs {n:,} cells (parts per column: "
+            + ", ".join(f"{p.column}={p.n_parts}" for p in partitions)
+            + f"), more than the limit of {MAX_CELLS:,}; split the batch or use fewer columns")
+    index = {p.column: i for i, p in enumerate(partitions)}
+
+    def broadcast(col: str, per_part: np.ndarray) -> np.ndarray:
+        shp = [1] * len(shape)
+        shp[index[col]] = shape[index[col]]
+        return per_part.reshape(shp)
+
+    def part_truth(atom: Atom) -> np.ndarray:
+        p = partitions[index[atom.column]]
+        first_units = np.array([u[0] for u in p.part_units])
+        return broadcast(atom.column, atom_truth[atom][first_units])
+
+    def evaluate(pred: Predicate | None) -> np.ndarray:
+        if pred is None:
+            return np.full(shape, TRUE, dtype=np.int8)
+        if isinstance(pred, Const):
+            return np.full(shape, TRUE if pred.value else FALSE, dtype=np.int8)
+        if isinstance(pred, Atom):
+            return np.broadcast_to(part_truth(pred), shape)
+        if pred.op == "not":
+            return (TRUE - evaluate(pred.children[0])).astype(np.int8)
+        vals = [evaluate(ch) for ch in pred.children]
+        out = vals[0]
+        for v in vals[1:]:
+            out = np.minimum(out, v) if pred.op == "and" else np.maximum(out, v)
+        return np.broadcast_to(out, shape)
+
+    # 3. rows of W
+    rows_idx, cols_idx = [], []
+    outputs = []
+    m = 0
+    for q in queries:
+        mask = evaluate(q.where) == TRUE
+        if q.count_column is not None:
+            dom = policy.column(q.count_column)
+            p = partitions[index[q.count_column]]
+            notnull = (TRUE - dom.is_null())[[u[0] for u in p.part_units]]
+            mask = mask & (broadcast(q.count_column, notnull) == TRUE)
+        mask = np.broadcast_to(mask, shape).reshape(-1)
+        selected = np.flatnonzero(mask)
+        key_sources = tuple(s for s, _ in q.key_columns)
+        keys: list = []
+        gids: list = []
+        start = m
+        for gs in q.grouping_sets:
+            group_index = np.zeros(shape, dtype=np.int64)
+            n_groups = 1
+            valid = np.ones(shape, dtype=bool)
+            per_col_groups = []
+            for c in gs:
+                dom = policy.column(c)
+                p = partitions[index[c]]
+                gunits = dom.group_units()
+                pos = np.full(p.n_parts, -1, dtype=np.int64)
+                for gpos, u in enumerate(gunits):
+                    pos[p.unit_to_part[u]] = gpos
+                b = broadcast(c, pos)
+                valid = valid & (b >= 0)
+                group_index = group_index * len(gunits) + np.maximum(b, 0)
+                n_groups *= len(gunits)
+                per_col_groups.append([dom.group_key(u) for u in gunits])
+            gi = np.broadcast_to(group_index, shape).reshape(-1)[selected]
+            ok = np.broadcast_to(valid, shape).reshape(-1)[selected]
+            rows_idx.append(m + gi[ok])
+            cols_idx.append(selected[ok])
+            # keys in row order (C order over the grouping set's columns)
+            gid = sum(1 << (len(key_sources) - 1 - i)
+                      for i, s in enumerate(key_sources) if s not in gs)
+            for combo in _product(per_col_groups):
+                value = dict(zip(gs, combo))
+                keys.append(tuple(value.get(s) for s in key_sources))
+                gids.append(gid)
+            m += n_groups
+        outputs.append(Output(q, start, m, tuple(o for _, o in q.key_columns), key_sources,
+                              keys, gids if len(q.grouping_sets) > 1 else None))
+    rows = np.concatenate(rows_idx) if rows_idx else np.zeros(0, dtype=np.int64)
+    cols = np.concatenate(cols_idx) if cols_idx else np.zeros(0, dtype=np.int64)
+    if len(rows) > MAX_NONZEROS:
+        raise UnsupportedQueryError(
+            f"this batch's workload has {len(rows):,} non-zeros, more than the limit of "
+            f"{MAX_NONZEROS:,}; split the batch")
+    W = sp.csr_matrix((np.ones(len(rows)), (rows, cols)), shape=(m, n))
+    return Workload(policy.table, tuple(partitions), W, tuple(outputs))
+
+
+def _product(lists):
+    if not lists:
+        yield ()
+        return
+    import itertools
+    yield from itertools.product(*lists)
