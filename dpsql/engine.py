@@ -1,0 +1,251 @@
+"""DuckDB: connections, the data vector (one GROUP BY), and result tables.
+
+The engine knows nothing of noise. It runs only SQL that dpsql generates from the declared
+policy (identifiers and literals quoted here); the analyst's SQL text is never executed.
+
+Connections. A DuckDB file can be open read-write in one OS process at a time, so dpsql
+opens the file for the duration of one operation and closes it after; a second process
+waiting for the file retries until ``lock_timeout``. Within a process a per-file lock
+serialises threads. Together these make every check-and-charge of the ledger atomic across
+threads and processes. Analyst-facing connections disable external file access, extension
+auto-loading, and lock the configuration. DuckDB's own error text is never shown (it can
+contain data values): every engine failure becomes :class:`EngineError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from typing import Iterator, Sequence
+
+import duckdb
+import numpy as np
+
+from .domain import CategoricalDomain, IntegerDomain, NumericDomain
+from .errors import EngineError, LockTimeoutError
+
+ANALYST_CONFIG = {
+    "enable_external_access": False,
+    "autoinstall_known_extensions": False,
+    "autoload_known_extensions": False,
+    "lock_configuration": True,
+}
+
+_path_locks: dict[str, threading.RLock] = {}
+_path_locks_guard = threading.Lock()
+
+
+def _lock_for(path: str) -> threading.RLock:
+    with _path_locks_guard:
+        return _path_locks.setdefault(path, threading.RLock())
+
+
+def quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def quote_literal(value) -> str:
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    if isinstance(value, bool) or value is None:
+        raise EngineError("internal error: unsupported literal in generated SQL")
+    if isinstance(value, int):
+        return str(value)
+    return repr(float(value))
+
+
+class Database:
+    """A DuckDB database file (or ``:memory:``) opened per operation."""
+
+    def __init__(self, path: str, *, lock_timeout: float = 30.0):
+        self.path = path if path == ":memory:" else os.path.abspath(path)
+        self.lock_timeout = float(lock_timeout)
+        self._memory = None
+        self._lock = _lock_for(self.path if path != ":memory:" else f":memory:{id(self)}")
+        if path == ":memory:":
+            self._memory = duckdb.connect(":memory:", config=dict(ANALYST_CONFIG))
+
+    @contextlib.contextmanager
+    def connect(self, *, owner: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
+        """Hold the database for one operation (threads and processes wait their turn).
+
+        ``owner=True`` gives a connection without the analyst restrictions, for data-owner
+        operations that dpsql itself drives (loading the demo data). Analyst requests never
+        get one.
+        """
+        with self._lock:
+            if self._memory is not None:
+                yield self._memory
+                return
+            con = self._open(owner)
+            try:
+                yield con
+            finally:
+                con.close()
+
+    def _open(self, owner: bool) -> duckdb.DuckDBPyConnection:
+        deadline = time.monotonic() + self.lock_timeout
+        delay = 0.005
+        config = {} if owner else dict(ANALYST_CONFIG)
+        while True:
+            try:
+                return duckdb.connect(self.path, config=config)
+            except duckdb.IOException as exc:
+                if "lock" not in str(exc).lower():
+                    raise EngineError(
+                        f"could not open database {self.path!r} (engine message withheld)"
+                    ) from None
+                if time.monotonic() >= deadline:
+                    raise LockTimeoutError(
+                        f"database {self.path!r} stayed busy in another process for "
+                        f"{self.lock_timeout:g} s; try again later"
+                    ) from None
+                time.sleep(delay)
+                delay = min(delay * 1.5, 0.1)
+            except duckdb.Error:
+                raise EngineError(
+                    f"could not open database {self.path!r} (engine message withheld)"
+                ) from None
+
+    def close(self) -> None:
+        if self._memory is not None:
+            self._memory.close()
+            self._memory = None
+
+
+@contextlib.contextmanager
+def engine_errors(what: str) -> Iterator[None]:
+    """Turn any DuckDB failure into an EngineError that withholds the engine's text."""
+    try:
+        yield
+    except duckdb.Error as exc:
+        raise EngineError(
+            f"the database engine failed while {what} ({type(exc).__name__}; details "
+            "withheld because engine messages can contain data values)"
+        ) from None
+
+
+# --------------------------------------------------------------------------- catalog
+
+
+def table_exists(con, name: str, schema: str = "main") -> bool:
+    with engine_errors("reading the catalog"):
+        row = con.execute(
+            "SELECT count(*) FROM duckdb_tables() WHERE schema_name = ? AND table_name = ?",
+            [schema, name]).fetchone()
+        if row[0]:
+            return True
+        row = con.execute(
+            "SELECT count(*) FROM duckdb_views() WHERE schema_name = ? AND view_name = ?",
+            [schema, name]).fetchone()
+    return bool(row[0])
+
+
+def table_columns(con, name: str) -> dict[str, str]:
+    """Column names (lower case) and types of a main-schema table: public catalog only."""
+    with engine_errors("reading the catalog"):
+        rows = con.execute(
+            "SELECT column_name, data_type FROM duckdb_columns() "
+            "WHERE schema_name = 'main' AND table_name = ?", [name]).fetchall()
+    return {c.lower(): t for c, t in rows}
+
+
+# --------------------------------------------------------------------------- data vector
+
+
+def unit_sql(column: str, domain) -> str:
+    """SQL mapping a raw value of ``column`` to its unit index (the rule in domain.py)."""
+    c = quote_ident(column)
+    if isinstance(domain, CategoricalDomain):
+        null_unit = domain.null_unit if domain.nullable else domain.other_unit
+        if isinstance(domain.values[0], str):
+            v = f"CAST({c} AS VARCHAR)"
+            values = ", ".join(quote_literal(x) for x in domain.values)
+            return (f"CASE WHEN {c} IS NULL THEN {null_unit} ELSE "
+                    f"coalesce(list_position([{values}], {v}) - 1, {domain.other_unit}) END")
+        v = f"TRY_CAST({c} AS BIGINT)"
+        values = ", ".join(str(int(x)) for x in domain.values)
+        return (f"CASE WHEN {c} IS NULL THEN {null_unit} ELSE "
+                f"coalesce(list_position([{values}]::BIGINT[], {v}) - 1, "
+                f"{domain.other_unit}) END")
+    v = f"TRY_CAST({c} AS DOUBLE)"
+    null_unit = domain.null_unit if domain.nullable else 0
+    if isinstance(domain, IntegerDomain):
+        top = domain.n_value_units - 1
+        return (f"CASE WHEN {v} IS NULL THEN {null_unit} ELSE "
+                f"least(greatest(CAST(floor(({v} - ({domain.min})) / {domain.step}) AS BIGINT)"
+                f", 0), {top}) END")
+    if isinstance(domain, NumericDomain):
+        whens = " ".join(f"WHEN {v} < {quote_literal(e)} THEN {i}"
+                         for i, e in enumerate(domain.edges[1:-1]))
+        return (f"CASE WHEN {v} IS NULL THEN {null_unit} {whens} "
+                f"ELSE {domain.n_value_units - 1} END")
+    raise EngineError("internal error: unknown domain type")
+
+
+def data_vector_sql(table: str, columns: Sequence[tuple[str, object, np.ndarray]]) -> str:
+    """One query returning ``(cell, count)`` for every non-empty cell.
+
+    ``columns``: (name, domain, unit_to_part) per used column, slowest-varying first.
+    """
+    if not columns:
+        return f"SELECT 0 AS cell, count(*) AS n FROM main.{quote_ident(table)}"
+    terms = []
+    stride = 1
+    for name, domain, unit_to_part in reversed(list(columns)):
+        unit = unit_sql(name, domain)
+        n_parts = int(unit_to_part.max()) + 1
+        if np.array_equal(unit_to_part, np.arange(len(unit_to_part))):
+            part = f"({unit})"
+        else:
+            mapping = ", ".join(str(int(p)) for p in unit_to_part)
+            part = f"([{mapping}][({unit}) + 1])"
+        terms.append(part if stride == 1 else f"{part} * {stride}")
+        stride *= n_parts
+    cell = " + ".join(reversed(terms))
+    return (f"SELECT cell, count(*) AS n FROM (SELECT CAST({cell} AS BIGINT) AS cell "
+            f"FROM main.{quote_ident(table)}) GROUP BY cell")
+
+
+def data_vector(con, table: str, columns, n_cells: int) -> np.ndarray:
+    """The cell counts ``x`` (float64) by one DuckDB GROUP BY. Called only by the kernel."""
+    sql = data_vector_sql(table, columns)
+    with engine_errors("counting the cells"):
+        cells, counts = con.execute(
+            f"SELECT list(cell ORDER BY cell), list(n ORDER BY cell) FROM ({sql})").fetchone()
+    x = np.zeros(n_cells, dtype=np.float64)
+    if cells:
+        idx = np.asarray(cells, dtype=np.int64)
+        if idx.min() < 0 or idx.max() >= n_cells:
+            raise EngineError("internal error: a row mapped outside the declared cells")
+        x[idx] = np.asarray(counts, dtype=np.float64)
+    return x
+
+
+# --------------------------------------------------------------------------- result tables
+
+SQL_TYPES = {"str": "VARCHAR", "int": "BIGINT", "float": "DOUBLE", "bool": "BOOLEAN"}
+
+
+def key_sql_type(domain) -> str:
+    if isinstance(domain, CategoricalDomain):
+        return "VARCHAR" if isinstance(domain.values[0], str) else "BIGINT"
+    if isinstance(domain, IntegerDomain):
+        return "BIGINT"
+    return "DOUBLE"
+
+
+def write_table(con, name: str, columns: Sequence[tuple[str, str, list]], *,
+                replace: bool = False) -> None:
+    """Create ``main.name`` with (column name, SQL type, values) in one statement."""
+    cols = ", ".join(f"{quote_ident(c)} {t}" for c, t, _ in columns)
+    with engine_errors(f"writing result table {name!r}"):
+        if replace:
+            con.execute(f"DROP TABLE IF EXISTS main.{quote_ident(name)}")
+        con.execute(f"CREATE TABLE main.{quote_ident(name)} ({cols})")
+        if columns and len(columns[0][2]):
+            select = ", ".join(f"unnest(${i + 1}::{t}[])" for i, (_, t, _) in enumerate(columns))
+            con.execute(f"INSERT INTO main.{quote_ident(name)} SELECT {select}",
+                        [list(v) for _, _, v in columns])

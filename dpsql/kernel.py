@@ -1,0 +1,74 @@
+"""The privacy boundary: the only code that reads the data.
+
+``Kernel.release`` (DESIGN.md, step 4):
+
+1. asks the engine for the cell counts ``x`` (one GROUP BY);
+2. charges the ledger, atomically, *before* any number derived from ``x`` leaves;
+3. computes ``A x`` and adds Gaussian noise from the secure sampler;
+4. returns ``y`` and drops ``x``.
+
+Nothing but ``y`` crosses this boundary: strategies, inference and result writing see only
+``y``, ``W``, ``A`` and σ. If the charge is refused, nothing was released and nothing charged.
+If anything fails after the charge, the budget stays spent (never a free retry of fresh
+noise).
+
+Exactness of ``A x``: the sampler rounds ``A x`` to its grid and adds exact lattice noise,
+with the rounding charged in the sensitivity (see :mod:`dpsql.noise`). That argument needs
+``A x`` computed exactly; it is for integer-valued strategies (``identity``, ``workload``)
+and integer counts below 2**53, so the kernel refuses other plans rather than risk a
+floating-point leak.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import engine, ledger
+from .errors import StrategyError
+from .noise import SecureGaussianSampler
+from .strategies.base import Plan
+
+_EXACT_LIMIT = 2.0 ** 52
+
+
+@dataclass(frozen=True)
+class Measurement:
+    release_id: int
+    result_tables: list
+    y: np.ndarray          # noisy measurements (public once released)
+    sigma: float
+    grid: float
+    private: bool
+
+
+class Kernel:
+    """Reads data, charges, adds noise. Holds the sampler; tests may pass a seeded one."""
+
+    def __init__(self, sampler=None):
+        self.sampler = sampler if sampler is not None else SecureGaussianSampler()
+
+    @property
+    def private(self) -> bool:
+        return bool(getattr(self.sampler, "private", False))
+
+    def release(self, con, policy, workload, plan: Plan, sigma: float,
+                request: ledger.Charge) -> Measurement:
+        if not plan.integral:
+            raise StrategyError(
+                f"strategy {plan.strategy!r} has non-integer coefficients; the kernel only "
+                "releases plans whose products A x are computed exactly")
+        if not (np.isfinite(sigma) and sigma > 0):
+            raise StrategyError("internal error: the noise scale must be positive and finite")
+        columns = [(p.column, policy.column(p.column), p.unit_to_part)
+                   for p in workload.partitions]
+        x = engine.data_vector(con, policy.table, columns, workload.n_cells)
+        if x.sum() >= _EXACT_LIMIT:
+            raise StrategyError("the table is too large for exact products (over 2**52 rows)")
+        release_id, names = ledger.charge(con, policy, request)   # committed here
+        values = plan.measure(x)
+        del x
+        y, grid = self.sampler.sample(values, sigma, sensitivity=plan.sensitivity)
+        return Measurement(release_id, names, np.asarray(y, dtype=float), sigma, grid,
+                           self.private)

@@ -1,0 +1,217 @@
+"""The persistent privacy ledger, stored in the database's ``dpsql`` schema.
+
+Tables (readable with plain DuckDB):
+
+- ``dpsql.policies``: one row per protected table, its validated policy as JSON.
+- ``dpsql.ledger``: one row per charge. Exact ε and δ as ``num/den`` text (the amounts that
+  are summed) beside DOUBLE copies for reading; mechanism, strategy, noise scale, the SQL,
+  the result table names, whether the noise came from the secure sampler (``private``), and
+  ``status``: ``charged`` when the budget is spent, ``released`` once results are written.
+- ``dpsql.release_tables``: result table -> release, with the statement that produced it.
+
+Atomicity: :func:`charge` runs inside one transaction on a connection that holds the
+database exclusively (see :mod:`dpsql.engine`), so the budget check and the ledger insert
+cannot interleave with another charge, in this process or another. A refused charge writes
+nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Sequence
+
+import duckdb
+
+from .accounting import PrivacyCost, check_budget, fraction_from_text, fraction_to_text
+from .engine import engine_errors
+from .errors import PolicyError
+from .policy import TablePolicy
+
+SCHEMA_SQL = [
+    "CREATE SCHEMA IF NOT EXISTS dpsql",
+    """CREATE TABLE IF NOT EXISTS dpsql.policies (
+        table_name VARCHAR PRIMARY KEY,
+        policy VARCHAR NOT NULL,
+        created_at TIMESTAMP NOT NULL DEFAULT current_timestamp)""",
+    """CREATE TABLE IF NOT EXISTS dpsql.ledger (
+        release_id BIGINT PRIMARY KEY,
+        created_at TIMESTAMP NOT NULL DEFAULT current_timestamp,
+        table_name VARCHAR NOT NULL,
+        epsilon DOUBLE NOT NULL,
+        delta DOUBLE NOT NULL,
+        epsilon_exact VARCHAR NOT NULL,
+        delta_exact VARCHAR NOT NULL,
+        rho DOUBLE,
+        mechanism VARCHAR NOT NULL,
+        strategy VARCHAR NOT NULL,
+        calibration VARCHAR,
+        sigma DOUBLE,
+        sensitivity DOUBLE,
+        n_queries BIGINT NOT NULL,
+        n_cells BIGINT NOT NULL,
+        expected_rmse DOUBLE,
+        sql_text VARCHAR NOT NULL,
+        result_tables VARCHAR[],
+        private BOOLEAN NOT NULL,
+        status VARCHAR NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS dpsql.release_tables (
+        release_id BIGINT NOT NULL,
+        statement_index INTEGER NOT NULL,
+        table_name VARCHAR NOT NULL,
+        sql_text VARCHAR NOT NULL,
+        n_rows BIGINT NOT NULL)""",
+]
+
+LEDGER_COLUMNS = (
+    "release_id, created_at, table_name, epsilon, delta, mechanism, strategy, calibration, "
+    "sigma, sensitivity, n_queries, n_cells, expected_rmse, sql_text, result_tables, private, "
+    "status"
+)
+
+
+def ensure_schema(con) -> None:
+    with engine_errors("creating dpsql's metadata schema"):
+        for stmt in SCHEMA_SQL:
+            con.execute(stmt)
+
+
+def has_schema(con) -> bool:
+    """Whether dpsql's tables exist (a cheap probe: the catalog functions are slower)."""
+    try:
+        con.execute("SELECT 1 FROM dpsql.ledger LIMIT 0")
+        con.execute("SELECT 1 FROM dpsql.policies LIMIT 0")
+        return True
+    except duckdb.CatalogException:
+        return False
+
+
+def save_policy(con, policy: TablePolicy, *, replace: bool = False) -> None:
+    ensure_schema(con)
+    with engine_errors("saving the policy"):
+        existing = con.execute("SELECT policy FROM dpsql.policies WHERE table_name = ?",
+                               [policy.table]).fetchone()
+        if existing is not None:
+            if not replace:
+                raise PolicyError(
+                    f"table {policy.table!r} is already protected; pass replace=True to change "
+                    "its policy (its ledger is kept and still counts against the new budget)")
+            con.execute("UPDATE dpsql.policies SET policy = ? WHERE table_name = ?",
+                        [policy.to_json(), policy.table])
+        else:
+            con.execute("INSERT INTO dpsql.policies (table_name, policy) VALUES (?, ?)",
+                        [policy.table, policy.to_json()])
+
+
+def load_policies(con) -> dict[str, TablePolicy]:
+    if not has_schema(con):
+        return {}
+    with engine_errors("reading policies"):
+        rows = con.execute("SELECT table_name, policy FROM dpsql.policies").fetchall()
+    return {name: TablePolicy.from_json(text) for name, text in rows}
+
+
+def spent(con, table: str) -> PrivacyCost:
+    """Exact total charged to ``table`` (every row counts, released or not)."""
+    if not has_schema(con):
+        return PrivacyCost.zero()
+    with engine_errors("reading the ledger"):
+        rows = con.execute("SELECT epsilon_exact, delta_exact FROM dpsql.ledger "
+                           "WHERE table_name = ?", [table]).fetchall()
+    total = PrivacyCost.zero()
+    for eps, delta in rows:
+        total = total + PrivacyCost(fraction_from_text(eps), fraction_from_text(delta))
+    return total
+
+
+@dataclass(frozen=True)
+class Charge:
+    """What a release is about to cost, and how it is made (recorded with the charge)."""
+
+    table: str
+    cost: PrivacyCost
+    mechanism: str
+    strategy: str
+    calibration: str | None
+    sigma: float | None
+    sensitivity: float | None
+    rho: float | None
+    n_queries: int
+    n_cells: int
+    expected_rmse: float | None
+    sql_text: str
+    result_tables: object  # list of names, or a function release_id -> list of names
+    private: bool
+
+
+def charge(con, policy: TablePolicy, request: Charge) -> tuple[int, list[str]]:
+    """Check the budget and record the charge in one transaction.
+
+    Returns the release id and the result table names (``request.result_tables`` may be a
+    function of the new release id, for default names).
+
+    Raises :class:`BudgetExceededError` (nothing written) when it does not fit.
+    """
+    ensure_schema(con)
+    limit = PrivacyCost(policy.epsilon, policy.delta)
+    with engine_errors("charging the ledger"):
+        con.execute("BEGIN TRANSACTION")
+    try:
+        already = spent(con, policy.table)
+        check_budget(policy.table, already, request.cost, limit)
+        with engine_errors("charging the ledger"):
+            (next_id,) = con.execute(
+                "SELECT coalesce(max(release_id), 0) + 1 FROM dpsql.ledger").fetchone()
+            names = (request.result_tables(int(next_id)) if callable(request.result_tables)
+                     else list(request.result_tables))
+            con.execute(
+                "INSERT INTO dpsql.ledger (release_id, table_name, epsilon, delta, epsilon_exact,"
+                " delta_exact, rho, mechanism, strategy, calibration, sigma, sensitivity, "
+                "n_queries, n_cells, expected_rmse, sql_text, result_tables, private, status) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'charged')",
+                [next_id, policy.table, float(request.cost.epsilon), float(request.cost.delta),
+                 fraction_to_text(request.cost.epsilon), fraction_to_text(request.cost.delta),
+                 request.rho, request.mechanism, request.strategy, request.calibration,
+                 request.sigma, request.sensitivity, request.n_queries, request.n_cells,
+                 request.expected_rmse, request.sql_text, names,
+                 request.private])
+            con.execute("COMMIT")
+        return int(next_id), names
+    except BaseException:
+        try:
+            con.execute("ROLLBACK")
+        except Exception:  # the transaction may already be gone
+            pass
+        raise
+
+
+def mark_released(con, release_id: int, tables: Sequence[tuple[int, str, str, int]]) -> None:
+    """Record the written result tables (statement index, name, sql, rows)."""
+    with engine_errors("recording the release"):
+        for index, name, sql, n_rows in tables:
+            con.execute("INSERT INTO dpsql.release_tables VALUES (?, ?, ?, ?, ?)",
+                        [release_id, index, name, sql, n_rows])
+        con.execute("UPDATE dpsql.ledger SET status = 'released' WHERE release_id = ?",
+                    [release_id])
+
+
+def entries(con, table: str | None = None) -> list[dict]:
+    if not has_schema(con):
+        return []
+    sql = f"SELECT {LEDGER_COLUMNS} FROM dpsql.ledger"
+    params: list = []
+    if table is not None:
+        sql += " WHERE table_name = ?"
+        params.append(table)
+    with engine_errors("reading the ledger"):
+        cur = con.execute(sql + " ORDER BY release_id", params)
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, row)) for row in cur.fetchall()]
+
+
+def remaining(policy: TablePolicy, used: PrivacyCost) -> PrivacyCost:
+    return PrivacyCost(policy.epsilon - used.epsilon, policy.delta - used.delta)
+
+
+__all__ = ["Charge", "charge", "ensure_schema", "entries", "load_policies", "mark_released",
+           "remaining", "save_policy", "spent", "Fraction"]
