@@ -1,0 +1,143 @@
+"""Release objects, explanations, and the result tables they are written to.
+
+Each statement of a released batch becomes one DuckDB table in the main schema: its group-key
+columns (NULL where a grouping set rolls a column up, or for the NULL group of a nullable
+column), ``grouping_id`` when the statement has several grouping sets (bit i set when the
+i-th key column is rolled up, as DuckDB's ``GROUPING()``), then the noisy ``count``, its exact
+``stderr`` and the 95% interval ``ci_low``/``ci_high`` (normal: the noise is Gaussian and the
+answers are linear in it). ``dpsql.release_tables`` links every table to its ledger entry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .engine import key_sql_type
+
+Z95 = 1.959963984540054  # Φ⁻¹(0.975)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One strategy's expected accuracy for a batch (no data, no budget)."""
+
+    strategy: str
+    sigma: float
+    sensitivity: float
+    rmse: float
+    stderr: np.ndarray = field(repr=False)
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """What a request would cost and how accurate it would be. Reads no data."""
+
+    table: str
+    epsilon: float
+    delta: float
+    strategy: str
+    sigma: float
+    rmse: float                      # expected workload RMSE: sqrt(mean stderr²)
+    stderr: np.ndarray               # per query (per W row), in statement order
+    n_queries: int
+    n_cells: int
+    candidates: tuple                # every strategy considered (Candidate)
+    statements: tuple = ()           # (statement index, first row, stop row)
+
+    def __str__(self) -> str:
+        lines = [
+            f"table {self.table}: {self.n_queries} queries over {self.n_cells} cells; "
+            f"epsilon={self.epsilon:g}, delta={self.delta:g}",
+            f"{'strategy':<12} {'sigma':>10} {'sensitivity':>12} {'expected RMSE':>14}",
+        ]
+        for c in self.candidates:
+            mark = " <- chosen" if c.strategy == self.strategy else ""
+            if np.isfinite(c.rmse):
+                lines.append(f"{c.strategy:<12} {c.sigma:>10.4g} {c.sensitivity:>12.4g} "
+                             f"{c.rmse:>14.4g}{mark}")
+            else:
+                lines.append(f"{c.strategy:<12} {'-':>10} {'-':>12} {'n/a':>14}  {c.note}")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class ResultTable:
+    """One statement's released answers, as written to the database."""
+
+    name: str
+    columns: tuple                   # column names
+    rows: list                       # list of tuples
+
+    def __str__(self) -> str:
+        return format_table(self.columns, self.rows, title=self.name)
+
+
+@dataclass(frozen=True)
+class Release:
+    """A completed, charged release."""
+
+    release_id: int
+    table: str
+    tables: list                     # result table names, in statement order
+    epsilon: float
+    delta: float
+    strategy: str
+    sigma: float
+    expected_rmse: float
+    results: list                    # ResultTable per statement
+    private: bool
+
+    def __str__(self) -> str:
+        head = (f"release {self.release_id} on {self.table}: epsilon={self.epsilon:g} "
+                f"delta={self.delta:g} strategy={self.strategy} "
+                f"expected RMSE={self.expected_rmse:.4g}")
+        if not self.private:
+            head += "  [NON-PRIVATE: seeded test noise]"
+        return head + "\n\n" + "\n\n".join(str(r) for r in self.results)
+
+
+def build_columns(output, policy, answers: np.ndarray, stderr: np.ndarray):
+    """(name, SQL type, values) for one statement's result table."""
+    cols = []
+    for i, (source, out) in enumerate(zip(output.key_sources, output.key_columns)):
+        values = [k[i] for k in output.keys]
+        cols.append((out, key_sql_type(policy.column(source)), values))
+    if output.grouping_ids is not None:
+        cols.append(("grouping_id", "INTEGER", list(output.grouping_ids)))
+    a = answers[output.start:output.stop]
+    s = stderr[output.start:output.stop]
+    cols.append((output.query.count_name, "DOUBLE", a.tolist()))
+    cols.append(("stderr", "DOUBLE", s.tolist()))
+    cols.append(("ci_low", "DOUBLE", (a - Z95 * s).tolist()))
+    cols.append(("ci_high", "DOUBLE", (a + Z95 * s).tolist()))
+    return cols
+
+
+def format_table(columns, rows, title: str | None = None, max_rows: int = 40) -> str:
+    """Aligned text table (numbers right-aligned, floats to 4 significant digits)."""
+    def show(v):
+        if v is None:
+            return "NULL"
+        if isinstance(v, float):
+            return f"{v:.1f}" if abs(v) >= 100 else f"{v:.4g}"
+        return str(v)
+
+    shown = [[show(v) for v in row] for row in rows[:max_rows]]
+    widths = [max([len(str(c))] + [len(r[i]) for r in shown]) for i, c in enumerate(columns)]
+    numeric = [all(isinstance(row[i], (int, float)) or row[i] is None for row in rows)
+               for i in range(len(columns))]
+
+    def fmt(cells):
+        return "  ".join(c.rjust(w) if num else c.ljust(w)
+                         for c, w, num in zip(cells, widths, numeric))
+
+    out = [title] if title else []
+    out.append(fmt([str(c) for c in columns]))
+    out.append("  ".join("-" * w for w in widths))
+    out.extend(fmt(r) for r in shown)
+    if len(rows) > max_rows:
+        out.append(f"... ({len(rows) - max_rows} more rows)")
+    return "\n".join(out)

@@ -1,0 +1,257 @@
+"""Orchestration: parse -> compile -> select -> (kernel) -> infer -> release.
+
+``explain`` runs the public half of the pipeline only: it never reads data nor touches the
+budget. ``answer`` validates everything (SQL, policy, privacy parameters, result names,
+strategy, budget fit) before the kernel reads a single row, so a bad request charges nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from . import engine, ledger
+from .accounting import PrivacyCost, check_budget, validate_delta, validate_epsilon
+from .errors import PolicyError, PrivacyParameterError, StrategyError, UnsupportedQueryError
+from .inference import LeastSquares
+from .kernel import Kernel
+from .noise import calibrate_with_rounding, zcdp_rho
+from .policy import TablePolicy, load_policy
+from .results import Candidate, Explanation, Release, ResultTable, build_columns
+from .sql.compile import Workload, compile_workload
+from .sql.parse import parse_batch
+from .strategies import AUTO_CANDIDATES, REGISTRY
+
+CALIBRATIONS = ("analytic", "classic")
+
+
+class Session:
+    """A dpsql connection to one DuckDB database. Create it with :func:`dpsql.connect`."""
+
+    def __init__(self, path: str = ":memory:", *, lock_timeout: float = 30.0, sampler=None):
+        self.db = engine.Database(path, lock_timeout=lock_timeout)
+        self.kernel = Kernel(sampler)
+
+    # ------------------------------------------------------------------ data owner
+    def protect(self, table: str, policy, *, replace: bool = False) -> TablePolicy:
+        """Declare ``table``'s public domains and budget (TOML path or dict); stored in the DB."""
+        if not isinstance(table, str) or not table:
+            raise PolicyError("protect() needs the table name as a string")
+        tp = load_policy(policy, table)[table.lower()]
+        with self.db.connect() as con:
+            if not engine.table_exists(con, tp.table):
+                raise PolicyError(f"there is no table {tp.table!r} in the database to protect")
+            present = engine.table_columns(con, tp.table)
+            missing = [c for c in tp.column_names if c not in present]
+            if missing:
+                raise PolicyError(
+                    f"policy declares column(s) {missing} that table {tp.table!r} does not have "
+                    f"(it has {sorted(present)})")
+            ledger.save_policy(con, tp, replace=replace)
+        return tp
+
+    # ------------------------------------------------------------------ analyst
+    def policies(self) -> dict[str, TablePolicy]:
+        with self.db.connect() as con:
+            return ledger.load_policies(con)
+
+    def explain(self, sql: str | Sequence[str], *, epsilon, delta, strategy: str = "auto",
+                calibration: str = "analytic") -> Explanation:
+        """Expected accuracy of a request: reads no data, spends nothing."""
+        eps, dlt = self._privacy(epsilon, delta, calibration)
+        with self.db.connect() as con:
+            policies = ledger.load_policies(con)
+        policy, queries, workload = self._compile(sql, policies)
+        return self._select(policy, workload, eps, dlt, strategy, calibration)
+
+    def answer(self, sql: str | Sequence[str], *, epsilon, delta, strategy: str = "auto",
+               calibration: str = "analytic", replace: bool = False) -> Release:
+        """Release noisy answers to a batch, charging (epsilon, delta) to the table's budget."""
+        eps, dlt = self._privacy(epsilon, delta, calibration)
+        with self.db.connect() as con:
+            policies = ledger.load_policies(con)
+            policy, queries, workload = self._compile(sql, policies)
+            names_given = self._check_targets(con, queries, policies, replace)
+            expl = self._select(policy, workload, eps, dlt, strategy, calibration)
+            chosen = REGISTRY[expl.strategy].plan(workload.W)
+            solver = LeastSquares(chosen)
+            cost = PrivacyCost(eps, dlt)
+            check_budget(policy.table, ledger.spent(con, policy.table), cost,
+                         PrivacyCost(policy.epsilon, policy.delta))
+
+            def result_names(release_id: int) -> list[str]:
+                out = []
+                for q in queries:
+                    if q.target is not None:
+                        out.append(q.target)
+                        continue
+                    name, k = f"dp_r{release_id}_q{q.index + 1}", 1
+                    while engine.table_exists(con, name) or name in names_given:
+                        k += 1
+                        name = f"dp_r{release_id}_q{q.index + 1}_{k}"
+                    out.append(name)
+                return out
+
+            text = sql if isinstance(sql, str) else ";\n".join(sql)
+            request = ledger.Charge(
+                table=policy.table, cost=cost, mechanism="gaussian", strategy=expl.strategy,
+                calibration=calibration, sigma=expl.sigma, sensitivity=chosen.sensitivity,
+                rho=zcdp_rho(expl.sigma, chosen.sensitivity), n_queries=workload.n_queries,
+                n_cells=workload.n_cells, expected_rmse=expl.rmse, sql_text=text,
+                result_tables=result_names, private=self.kernel.private)
+            m = self.kernel.release(con, policy, workload, chosen, expl.sigma, request)
+            answers = solver.answers(workload.W, m.y)
+            stderr = expl.stderr
+            results = self._write(con, m, policy, queries, workload, answers, stderr, replace)
+        return Release(m.release_id, policy.table, list(m.result_tables), float(eps),
+                       float(dlt), expl.strategy, expl.sigma, expl.rmse, results, m.private)
+
+    def budget(self, table: str | None = None) -> dict:
+        """Spent and remaining (ε, δ) per protected table (exact fractions and floats)."""
+        with self.db.connect() as con:
+            policies = ledger.load_policies(con)
+            if table is not None:
+                if table.lower() not in policies:
+                    raise PolicyError(f"table {table!r} is not protected")
+                policies = {table.lower(): policies[table.lower()]}
+            out = {}
+            for name, p in policies.items():
+                used = ledger.spent(con, name)
+                left = ledger.remaining(p, used)
+                out[name] = {
+                    "epsilon_limit": p.epsilon, "delta_limit": p.delta,
+                    "epsilon_spent": used.epsilon, "delta_spent": used.delta,
+                    "epsilon_remaining": left.epsilon, "delta_remaining": left.delta,
+                }
+        return out[table.lower()] if table is not None else out
+
+    def ledger(self, table: str | None = None) -> list[dict]:
+        with self.db.connect() as con:
+            return ledger.entries(con, table.lower() if table else None)
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ internals
+    @staticmethod
+    def _privacy(epsilon, delta, calibration):
+        eps = validate_epsilon(epsilon)
+        dlt = validate_delta(delta)
+        if calibration not in CALIBRATIONS:
+            raise PrivacyParameterError(
+                f"calibration must be one of {CALIBRATIONS}, got {calibration!r}")
+        if dlt == 0:
+            raise PrivacyParameterError(
+                "delta = 0 asks for pure epsilon-DP, which the Gaussian mechanism cannot give; "
+                "use delta > 0 (e.g. 1e-6)")
+        if calibration == "classic" and eps >= 1:
+            raise PrivacyParameterError(
+                "the classic Gaussian calibration is only valid for epsilon < 1; "
+                "use calibration='analytic'")
+        return eps, dlt
+
+    @staticmethod
+    def _compile(sql, policies) -> tuple[TablePolicy, list, Workload]:
+        def resolve(name, node):
+            if name not in policies:
+                from .sql.parse import _position
+                line, col = _position(node)
+                known = ", ".join(sorted(policies)) or "none yet; see protect()"
+                raise UnsupportedQueryError(
+                    f"table {name!r} is not a protected table (protected: {known})", line, col)
+            return policies[name]
+
+        queries = parse_batch(sql, resolve)
+        policy = policies[queries[0].table]
+        return policy, queries, compile_workload(queries, policy)
+
+    @staticmethod
+    def _check_targets(con, queries, policies, replace: bool) -> set:
+        names = set()
+        for q in queries:
+            if q.target is None:
+                continue
+            t = q.target.lower()
+            if t in names:
+                raise UnsupportedQueryError(f"result table {q.target!r} is named twice in the batch")
+            if t in policies or t.startswith("dpsql"):
+                raise UnsupportedQueryError(
+                    f"result table name {q.target!r} is reserved (a protected table or dpsql's)")
+            if engine.table_exists(con, q.target) and not (replace or q.replace):
+                raise UnsupportedQueryError(
+                    f"table {q.target!r} already exists; use CREATE OR REPLACE TABLE or "
+                    "replace=True to overwrite it")
+            names.add(t)
+        return names
+
+    @staticmethod
+    def _candidate(name: str, workload: Workload, eps, dlt, calibration) -> Candidate:
+        plan = REGISTRY[name].plan(workload.W)
+        solver = LeastSquares(plan)
+        factors = solver.error_factors(workload.W)
+        sigma = calibrate_with_rounding(float(eps), float(dlt), plan.sensitivity,
+                                        plan.n_measurements, calibration)
+        stderr = sigma * np.sqrt(np.maximum(factors, 0.0))
+        rmse = float(np.sqrt(np.mean(stderr ** 2))) if len(stderr) else 0.0
+        return Candidate(name, sigma, plan.sensitivity, rmse, stderr)
+
+    def _select(self, policy, workload, eps, dlt, strategy, calibration) -> Explanation:
+        if not isinstance(strategy, str) or (strategy != "auto" and strategy not in REGISTRY):
+            raise StrategyError(
+                f"unknown strategy {strategy!r}; choose 'auto' or one of {sorted(REGISTRY)}")
+        names = AUTO_CANDIDATES if strategy == "auto" else (strategy,)
+        candidates = []
+        for name in names:
+            try:
+                candidates.append(self._candidate(name, workload, eps, dlt, calibration))
+            except StrategyError as exc:
+                if strategy != "auto":
+                    raise
+                candidates.append(Candidate(name, math.nan, math.nan, math.nan,
+                                            np.zeros(0), note=str(exc)))
+        usable = [c for c in candidates if np.isfinite(c.rmse)]
+        if not usable:
+            raise StrategyError("no strategy can answer this batch: "
+                                + "; ".join(c.note for c in candidates))
+        best = min(usable, key=lambda c: c.rmse)
+        return Explanation(policy.table, float(eps), float(dlt), best.strategy, best.sigma,
+                           best.rmse, best.stderr, workload.n_queries, workload.n_cells,
+                           tuple(candidates),
+                           tuple((o.query.index, o.start, o.stop) for o in workload.outputs))
+
+    def _write(self, con, m, policy, queries, workload, answers, stderr, replace) -> list:
+        results = []
+        with engine.engine_errors("writing results"):
+            con.execute("BEGIN TRANSACTION")
+        try:
+            recorded = []
+            for name, out in zip(m.result_tables, workload.outputs):
+                cols = build_columns(out, policy, answers, stderr)
+                engine.write_table(con, name, cols, replace=replace or out.query.replace
+                                   or out.query.target is None)
+                rows = list(zip(*[v for _, _, v in cols])) if cols else []
+                results.append(ResultTable(name, tuple(c for c, _, _ in cols), rows))
+                recorded.append((out.query.index, name, out.query.sql, len(rows)))
+            ledger.mark_released(con, m.release_id, recorded)
+            with engine.engine_errors("writing results"):
+                con.execute("COMMIT")
+        except BaseException:
+            try:
+                con.execute("ROLLBACK")
+            except Exception:
+                pass
+            raise
+        return results
+
+
+def connect(path: str = ":memory:", **kwargs) -> Session:
+    """Open a dpsql session on a DuckDB database file (created if missing)."""
+    return Session(path, **kwargs)

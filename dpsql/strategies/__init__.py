@@ -1,0 +1,17 @@
+"""Strategies: a plain dict registry, name -> strategy object (see ``base.Strategy``)."""
+
+from __future__ import annotations
+
+from .base import Plan, Strategy, l2_sensitivity
+from .identity import IdentityStrategy
+from .workload import WorkloadStrategy
+
+REGISTRY: dict[str, Strategy] = {
+    "identity": IdentityStrategy(),
+    "workload": WorkloadStrategy(),
+}
+
+#: candidates ``auto`` compares, in order of preference on ties
+AUTO_CANDIDATES = ("identity", "workload")
+
+__all__ = ["AUTO_CANDIDATES", "Plan", "REGISTRY", "Strategy", "l2_sensitivity"]
