@@ -1,0 +1,88 @@
+"""Shared fixtures: the Adult extract in a fresh DuckDB file, protected by a test policy."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import duckdb
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED_CSV = ROOT.parent / "shared" / "data" / "adult.csv"
+PACKAGED_CSV = ROOT / "dpsql" / "data" / "adult.csv.gz"
+
+
+def adult_csv() -> str:
+    """The shared extract when present (developer checkouts), else the packaged copy."""
+    return str(SHARED_CSV if SHARED_CSV.exists() else PACKAGED_CSV)
+
+
+ADULT_POLICY = {
+    "epsilon": 1.0,
+    "delta": 1e-5,
+    "columns": {
+        "age": {"type": "integer", "min": 17, "max": 90},
+        "sex": {"type": "categorical", "values": ["Female", "Male"]},
+        "race": {"type": "categorical", "values": ["White", "Black", "Asian-Pac-Islander",
+                                                   "Amer-Indian-Eskimo", "Other"]},
+        "income": {"type": "categorical", "values": ["<=50K", ">50K"]},
+        "hours_per_week": {"type": "numeric", "min": 0, "max": 100,
+                           "edges": [0, 20, 40, 60, 100]},
+    },
+}
+
+
+_RAW: dict[str, str] = {}
+
+
+def raw_adult_file() -> str:
+    """A DuckDB file holding only the raw ``adult`` table, built once per test process."""
+    if "path" not in _RAW:
+        import tempfile
+
+        path = os.path.join(tempfile.mkdtemp(prefix="dpsql-tests-"), "raw.duckdb")
+        con = duckdb.connect(path)
+        con.execute("CREATE TABLE adult AS SELECT * FROM read_csv(?, header = true)",
+                    [adult_csv()])
+        con.close()
+        _RAW["path"] = path
+    return _RAW["path"]
+
+
+def make_adult_db(path: str, *, epsilon=1.0, delta=1e-5, protect=True, sampler=None):
+    """Create ``path`` with table ``adult``; return a dpsql session (policy applied)."""
+    import shutil
+
+    import dpsql
+
+    shutil.copyfile(raw_adult_file(), path)
+    db = dpsql.connect(path, sampler=sampler)
+    if protect:
+        policy = dict(ADULT_POLICY, epsilon=epsilon, delta=delta)
+        db.protect("adult", policy)
+    return db
+
+
+@pytest.fixture
+def adult_db(tmp_path):
+    db = make_adult_db(str(tmp_path / "adult.duckdb"))
+    yield db
+    db.close()
+
+
+@pytest.fixture(scope="session")
+def adult_template(tmp_path_factory):
+    """A protected Adult database built once; copy it for tests that spend budget."""
+    path = str(tmp_path_factory.mktemp("template") / "adult.duckdb")
+    make_adult_db(path, epsilon=1000.0, delta=0.5).close()
+    return path
+
+
+def snapshot(db) -> tuple:
+    """Everything a refused request must leave untouched: ledger and table list."""
+    with db.db.connect() as con:
+        tables = sorted(con.execute(
+            "SELECT schema_name || '.' || table_name FROM duckdb_tables()").fetchall())
+    return (tuple(tuple(sorted((k, str(v)) for k, v in e.items())) for e in db.ledger()),
+            tuple(tables))
