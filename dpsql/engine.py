@@ -133,12 +133,14 @@ def engine_errors(what: str) -> Iterator[None]:
 def table_exists(con, name: str, schema: str = "main") -> bool:
     with engine_errors("reading the catalog"):
         row = con.execute(
-            "SELECT count(*) FROM duckdb_tables() WHERE schema_name = ? AND table_name = ?",
+            "SELECT count(*) FROM duckdb_tables() WHERE schema_name = ? "
+            "AND lower(table_name) = lower(?)",
             [schema, name]).fetchone()
         if row[0]:
             return True
         row = con.execute(
-            "SELECT count(*) FROM duckdb_views() WHERE schema_name = ? AND view_name = ?",
+            "SELECT count(*) FROM duckdb_views() WHERE schema_name = ? "
+            "AND lower(view_name) = lower(?)",
             [schema, name]).fetchone()
     return bool(row[0])
 
@@ -148,7 +150,7 @@ def table_columns(con, name: str) -> dict[str, str]:
     with engine_errors("reading the catalog"):
         rows = con.execute(
             "SELECT column_name, data_type FROM duckdb_columns() "
-            "WHERE schema_name = 'main' AND table_name = ?", [name]).fetchall()
+            "WHERE schema_name = 'main' AND lower(table_name) = lower(?)", [name]).fetchall()
     return {c.lower(): t for c, t in rows}
 
 
