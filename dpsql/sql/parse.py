@@ -92,18 +92,29 @@ _FLIP = {"=": "=", "<>": "<>", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
 
 
 def _position(node: exp.Expression | None) -> tuple[int | None, int | None]:
-    """Line and column of the first token under ``node`` (sqlglot keeps them on leaves)."""
+    """Line and column where ``node``'s text starts (its earliest positioned token).
+
+    sqlglot keeps positions on leaf tokens only, with ``col`` at the token's last character;
+    the start column is ``col - (end - start)``.
+    """
     if node is None:
         return None, None
+    best = None
     for sub in node.walk():
         meta = getattr(sub, "_meta", None) or {}
-        if "line" in meta:
-            return meta["line"], meta.get("col")
-    return None, None
+        if "line" in meta and "start" in meta:
+            if best is None or meta["start"] < best["start"]:
+                best = meta
+    if best is None:
+        return None, None
+    return best["line"], max(1, best.get("col", 1) - (best.get("end", 0) - best["start"]))
 
 
-def _reject(what: str, node: exp.Expression | None, hint: str = "") -> UnsupportedQueryError:
+def _reject(what: str, node: exp.Expression | None, hint: str = "",
+            at: exp.Expression | None = None) -> UnsupportedQueryError:
     line, col = _position(node)
+    if line is None and at is not None:
+        line, col = _position(at)
     msg = f"{what} is not supported"
     if hint:
         msg += f"; {hint}"
@@ -117,8 +128,13 @@ def _is_set(value: Any) -> bool:
 def _construct_name(node: exp.Expression) -> str:
     if isinstance(node, exp.Command):
         return str(node.this).upper()
-    name = type(node).__name__
-    return {"Anonymous": f"function {node.name}()"}.get(name, name.upper())
+    if isinstance(node, (exp.Column, exp.Identifier, exp.Literal)):
+        return repr(node.sql())
+    if isinstance(node, exp.Anonymous):
+        return f"function {node.name}()"
+    if isinstance(node, exp.Func):
+        return f"function {node.sql_name().lower()}()"
+    return type(node).__name__.upper()
 
 
 ALLOWED_SUMMARY = (
@@ -152,7 +168,8 @@ def split_statements(sql: str | Sequence[str]) -> list[exp.Expression]:
                 ) from None
             except sqlglot.errors.TokenError as exc:
                 raise ParseError(f"could not read SQL: {exc}") from None
-            out.extend(e for e in parsed if e is not None)
+            out.extend(e for e in parsed
+                       if e is not None and not isinstance(e, exp.Semicolon))
     finally:
         logger.setLevel(level)
     if not out:
@@ -229,7 +246,8 @@ def _select(index, select: exp.Select, target, replace, text, resolve_table) -> 
         raise _reject(f"table modifier {extra[0].upper()}", table)
     table_name = table.name.lower()
     policy = resolve_table(table_name, table)
-    qualifiers = {table_name} | ({alias.name.lower()} if alias is not None else set())
+    # as in DuckDB, once the table is aliased only the alias qualifies its columns
+    qualifiers = {alias.name.lower()} if alias is not None else {table_name}
 
     def column_name(col: exp.Column) -> str:
         if col.args.get("db") or col.args.get("catalog"):
@@ -274,10 +292,10 @@ def _select(index, select: exp.Select, target, replace, text, resolve_table) -> 
             count_name = out_name or "count"
         elif isinstance(node, exp.Column):
             select_keys.append((column_name(node), (out_name or node.name).lower()))
-        elif isinstance(node, (exp.AggFunc, exp.Anonymous)) or isinstance(node, exp.Func):
-            raise _reject(f"function {node.sql_name() if hasattr(node, 'sql_name') else ''}"
-                          .strip() or "this function", node,
-                          "the only aggregate is COUNT(*) or COUNT(column)")
+        elif isinstance(node, exp.Func):
+            fname = node.name if isinstance(node, exp.Anonymous) else node.sql_name()
+            raise _reject(f"function {fname}()", node,
+                          "the only aggregate is COUNT(*) or COUNT(column)", at=item)
         else:
             raise _reject(f"select item {node.sql()!r}", node, ALLOWED_SUMMARY)
     if counts != 1:
@@ -371,34 +389,37 @@ def _grouping_sets(group: exp.Group | None, column_name) -> tuple[tuple, bool]:
     return tuple(result), False
 
 
-def _literal(node: exp.Expression) -> Any:
-    """A constant: string, integer, or exact decimal (as Fraction)."""
+def _literal(node: exp.Expression, at: exp.Expression | None = None) -> Any:
+    """A constant: string, integer, or exact decimal (as Fraction).
+
+    ``at`` is the enclosing condition, to point at when the constant carries no position.
+    """
     neg = False
     if isinstance(node, exp.Neg):
         neg, node = True, node.this
     if isinstance(node, exp.Paren):
-        return _literal(node.this) if not neg else -_literal(node.this)
+        return _literal(node.this, at) if not neg else -_literal(node.this, at)
     if isinstance(node, exp.Literal):
         if node.is_string:
             if neg:
-                raise _reject("negating a string", node)
+                raise _reject("negating a string", node, at=at)
             return str(node.this)
         text = str(node.this)
         try:
             value: Any = int(text) if text.lstrip("-").isdigit() else Fraction(text)
         except (ValueError, ZeroDivisionError):
-            raise _reject(f"number {text!r}", node) from None
+            raise _reject(f"number {text!r}", node, at=at) from None
         if isinstance(value, Fraction) and value.denominator == 1:
             value = int(value)
         return -value if neg else value
     if isinstance(node, exp.Null):
         raise _reject("comparison with NULL", node,
-                      "it is never true in SQL; use IS NULL or IS NOT NULL")
+                      "it is never true in SQL; use IS NULL or IS NOT NULL", at=at)
     if isinstance(node, exp.Placeholder):
         raise _reject("an unbound parameter placeholder", node,
-                      "bind parameters before submitting")
+                      "bind parameters before submitting", at=at)
     raise _reject(f"expression {node.sql()!r}", node,
-                  "compare a column with a literal constant")
+                  "compare a column with a literal constant", at=at)
 
 
 def _predicate(node: exp.Expression, column_name) -> Predicate:
@@ -419,17 +440,17 @@ def _predicate(node: exp.Expression, column_name) -> Predicate:
     if op is not None:
         left, right = node.this, node.expression
         if isinstance(left, exp.Column) and not isinstance(right, exp.Column):
-            return Atom(column_name(left), op, _literal(right), line, col)
+            return Atom(column_name(left), op, _literal(right, node), line, col)
         if isinstance(right, exp.Column) and not isinstance(left, exp.Column):
-            return Atom(column_name(right), _FLIP[op], _literal(left), line, col)
+            return Atom(column_name(right), _FLIP[op], _literal(left, node), line, col)
         raise _reject(f"comparison {node.sql()!r}", node,
                       "compare one column with one literal constant")
     if isinstance(node, exp.Between):
         if _is_set(node.args.get("symmetric")) or not isinstance(node.this, exp.Column):
             raise _reject(f"BETWEEN form {node.sql()!r}", node)
         c = column_name(node.this)
-        return BoolOp("and", (Atom(c, ">=", _literal(node.args["low"]), line, col),
-                              Atom(c, "<=", _literal(node.args["high"]), line, col)))
+        return BoolOp("and", (Atom(c, ">=", _literal(node.args["low"], node), line, col),
+                              Atom(c, "<=", _literal(node.args["high"], node), line, col)))
     if isinstance(node, exp.In):
         if any(_is_set(node.args.get(k)) for k in ("query", "unnest", "field")):
             raise _reject("IN with a subquery or list expression", node,
@@ -437,7 +458,9 @@ def _predicate(node: exp.Expression, column_name) -> Predicate:
         if not isinstance(node.this, exp.Column) or not node.expressions:
             raise _reject(f"IN form {node.sql()!r}", node)
         c = column_name(node.this)
-        atoms = tuple(Atom(c, "=", _literal(v), *_position(v)) for v in node.expressions)
+        atoms = tuple(Atom(c, "=", _literal(v, node), *(_position(v)[0] and _position(v)
+                                                         or _position(node)))
+                      for v in node.expressions)
         return atoms[0] if len(atoms) == 1 else BoolOp("or", atoms)
     if isinstance(node, exp.Is):
         if not isinstance(node.this, exp.Column) or not isinstance(node.expression, exp.Null):
