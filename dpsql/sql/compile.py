@@ -3,9 +3,11 @@
 Pure function of (queries, policy): nothing here reads data (DESIGN.md, step 2).
 
 1. Every atomic condition of the batch is evaluated on every *unit* of its column's declared
-   domain (see :mod:`dpsql.domain`); a GROUP BY column also separates each of its groups.
-2. Units on which every condition of the batch agrees are merged: each used column is cut
-   into the coarsest partition that expresses every query (its *parts*).
+   domain (see :mod:`dpsql.domain`), then every maximal one-column sub-condition (e.g.
+   ``age < 30 OR age >= 60``) in Kleene logic; a GROUP BY column also separates each of
+   its groups, and ``COUNT(col)`` separates NULL.
+2. Units on which all of these agree are merged: each used column is cut into the coarsest
+   partition that expresses every query this way (its *parts*).
 3. The cells are the product of the parts over the columns the batch uses, in C order
    (first used column varies slowest). Unused columns are summed out.
 4. Each query, and each group of a GROUP BY, is one row of ``W`` (scipy CSR): 1 on the cells
@@ -14,6 +16,7 @@ Pure function of (queries, policy): nothing here reads data (DESIGN.md, step 2).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -74,6 +77,48 @@ class Workload:
         return self.W.shape[0]
 
 
+def _columns(pred: Predicate) -> frozenset:
+    if isinstance(pred, Const):
+        return frozenset()
+    if isinstance(pred, Atom):
+        return frozenset((pred.column,))
+    return frozenset().union(*(_columns(c) for c in pred.children))
+
+
+def _single_column_parts(pred: Predicate | None, negated: bool = False):
+    """Maximal sub-conditions that mention exactly one column, and whether a NOT is above.
+
+    Units only need to be told apart when such a sub-condition differs on them: e.g.
+    ``age BETWEEN 30 AND 39 OR age >= 60`` separates two kinds of ages, not four. With no
+    NOT above it, UNKNOWN and FALSE act alike (AND/OR in Kleene's strong logic: a result that
+    is TRUE with an UNKNOWN input is TRUE for either substitution), so only TRUE vs not-TRUE
+    needs to be kept.
+    """
+    if pred is None or isinstance(pred, Const):
+        return
+    cols = _columns(pred)
+    if len(cols) == 1:
+        yield next(iter(cols)), pred, negated
+        return
+    for child in pred.children:
+        yield from _single_column_parts(child, negated or pred.op == "not")
+
+
+def _kleene(pred: Predicate, atom_truth: dict) -> np.ndarray:
+    """Truth per unit of a one-column condition (atoms' unit vectors combined)."""
+    if isinstance(pred, Atom):
+        return atom_truth[pred]
+    if isinstance(pred, Const):
+        return np.int8(TRUE if pred.value else FALSE)
+    if pred.op == "not":
+        return (TRUE - _kleene(pred.children[0], atom_truth)).astype(np.int8)
+    vals = [_kleene(c, atom_truth) for c in pred.children]
+    out = vals[0]
+    for v in vals[1:]:
+        out = np.minimum(out, v) if pred.op == "and" else np.maximum(out, v)
+    return out
+
+
 def _atoms(pred: Predicate | None):
     if pred is None or isinstance(pred, Const):
         return
@@ -105,6 +150,8 @@ def compile_workload(queries: list[Query], policy) -> Workload:
             "(submit one batch per table)")
     # 1. per column: atoms, grouping, COUNT(col)
     atom_truth: dict[Atom, np.ndarray] = {}
+    # one-column sub-conditions -> truth per unit; key (condition, under a NOT)
+    unit_truth: dict[tuple, np.ndarray] = {}
     used: list[str] = []
     grouped: set[str] = set()
 
@@ -117,6 +164,13 @@ def compile_workload(queries: list[Query], policy) -> Workload:
             use(a.column)
             if a not in atom_truth:
                 atom_truth[a] = _atom_truth(a, policy.column(a.column))
+        for c, sub, negated in _single_column_parts(q.where):
+            if (sub, negated) not in unit_truth:
+                n_units = policy.column(c).n_units
+                truth = np.broadcast_to(_kleene(sub, atom_truth), (n_units,))
+                if not negated:
+                    truth = np.where(truth == TRUE, TRUE, FALSE).astype(np.int8)
+                unit_truth[(sub, negated)] = truth
         if q.count_column is not None:
             use(q.count_column)
         for gs in q.grouping_sets:
@@ -129,7 +183,7 @@ def compile_workload(queries: list[Query], policy) -> Workload:
     partitions = []
     for c in used:
         dom = policy.column(c)
-        columns = [t for a, t in atom_truth.items() if a.column == c]
+        columns = [t for (sub, _), t in unit_truth.items() if _columns(sub) == {c}]
         if any(q.count_column == c for q in queries):
             columns.append(dom.is_null())
         if c in grouped:
@@ -160,21 +214,23 @@ def compile_workload(queries: list[Query], policy) -> Workload:
         shp[index[col]] = shape[index[col]]
         return per_part.reshape(shp)
 
-    def part_truth(atom: Atom) -> np.ndarray:
-        p = partitions[index[atom.column]]
+    def part_truth(sub: Predicate, negated: bool) -> np.ndarray:
+        c = next(iter(_columns(sub)))
+        p = partitions[index[c]]
         first_units = np.array([u[0] for u in p.part_units])
-        return broadcast(atom.column, atom_truth[atom][first_units])
+        return broadcast(c, unit_truth[(sub, negated)][first_units])
 
-    def evaluate(pred: Predicate | None) -> np.ndarray:
+    def evaluate(pred: Predicate | None, negated: bool = False) -> np.ndarray:
+        """Truth per cell; one-column sub-conditions are constant on each part."""
         if pred is None:
             return np.full(shape, TRUE, dtype=np.int8)
         if isinstance(pred, Const):
             return np.full(shape, TRUE if pred.value else FALSE, dtype=np.int8)
-        if isinstance(pred, Atom):
-            return np.broadcast_to(part_truth(pred), shape)
+        if len(_columns(pred)) == 1:
+            return np.broadcast_to(part_truth(pred, negated), shape)
         if pred.op == "not":
-            return (TRUE - evaluate(pred.children[0])).astype(np.int8)
-        vals = [evaluate(ch) for ch in pred.children]
+            return (TRUE - evaluate(pred.children[0], True)).astype(np.int8)
+        vals = [evaluate(ch, negated) for ch in pred.children]
         out = vals[0]
         for v in vals[1:]:
             out = np.minimum(out, v) if pred.op == "and" else np.maximum(out, v)
@@ -242,5 +298,4 @@ def _product(lists):
     if not lists:
         yield ()
         return
-    import itertools
     yield from itertools.product(*lists)
