@@ -2,15 +2,18 @@
 
 ``Kernel.release`` (DESIGN.md, step 4):
 
-1. asks the engine for the cell counts ``x`` (one GROUP BY);
-2. charges the ledger, atomically, *before* any number derived from ``x`` leaves;
+1. charges the ledger, atomically (check and insert in one transaction, committed);
+2. asks the engine for the cell counts ``x`` (one GROUP BY);
 3. computes ``A x`` and adds Gaussian noise from the secure sampler;
 4. returns ``y`` and drops ``x``.
 
 Nothing but ``y`` crosses this boundary: strategies, inference and result writing see only
-``y``, ``W``, ``A`` and σ. If the charge is refused, nothing was released and nothing charged.
-If anything fails after the charge, the budget stays spent (never a free retry of fresh
-noise).
+``y``, ``W``, ``A`` and σ. If the charge is refused, nothing was read, released or charged.
+Charging *before* the data is read means that whatever happens once the data is touched —
+an answer, or an engine failure that some row might provoke — has been paid for: no outcome
+that depends on the data is ever free. (The engine is also written so that no value can make
+the count fail; this ordering is the backstop.) If anything fails after the charge, the
+budget stays spent (never a free retry of fresh noise).
 
 Exactness of ``A x``: the sampler rounds ``A x`` to its grid and adds exact lattice noise,
 with the rounding charged in the sensitivity (see :mod:`dpsql.noise`). That argument needs
@@ -63,10 +66,10 @@ class Kernel:
             raise StrategyError("internal error: the noise scale must be positive and finite")
         columns = [(p.column, policy.column(p.column), p.unit_to_part)
                    for p in workload.partitions]
+        release_id, names = ledger.charge(con, policy, request)   # committed here
         x = engine.data_vector(con, policy.table, columns, workload.n_cells)
         if x.sum() >= _EXACT_LIMIT:
             raise StrategyError("the table is too large for exact products (over 2**52 rows)")
-        release_id, names = ledger.charge(con, policy, request)   # committed here
         values = plan.measure(x)
         del x
         y, grid = self.sampler.sample(values, sigma, sensitivity=plan.sensitivity)
