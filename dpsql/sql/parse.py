@@ -137,6 +137,10 @@ def _construct_name(node: exp.Expression) -> str:
     return type(node).__name__.upper()
 
 
+#: columns every result table has besides its keys and count (plus grouping_id when the
+#: statement has several grouping sets)
+RESERVED_OUTPUT_COLUMNS = ("stderr", "ci_low", "ci_high")
+
 ALLOWED_SUMMARY = (
     "dpsql answers SELECT COUNT(*) / COUNT(col) FROM <protected table> [WHERE ...] "
     "[GROUP BY ...], optionally as CREATE TABLE name AS SELECT ..."
@@ -146,11 +150,18 @@ ALLOWED_SUMMARY = (
 # --------------------------------------------------------------------------- parsing
 
 
+#: limits that keep parsing and compiling cheap (explain is free, so it must stay fast)
+MAX_SQL_CHARS = 1_000_000
+MAX_IN_LIST = 10_000
+
+
 def split_statements(sql: str | Sequence[str]) -> list[exp.Expression]:
     """Parse the text(s) with sqlglot's DuckDB dialect; errors point at line and column."""
     texts = [sql] if isinstance(sql, str) else list(sql)
     if not texts or any(not isinstance(t, str) for t in texts):
         raise ParseError("expected SQL text (a string, or a list of strings)")
+    if sum(len(t) for t in texts) > MAX_SQL_CHARS:
+        raise ParseError(f"the batch is longer than {MAX_SQL_CHARS:,} characters; split it")
     out: list[exp.Expression] = []
     logger = logging.getLogger("sqlglot")
     level = logger.level
@@ -168,6 +179,8 @@ def split_statements(sql: str | Sequence[str]) -> list[exp.Expression]:
                 ) from None
             except sqlglot.errors.TokenError as exc:
                 raise ParseError(f"could not read SQL: {exc}") from None
+            except RecursionError:
+                raise ParseError("the SQL is nested too deeply to parse") from None
             out.extend(e for e in parsed
                        if e is not None and not isinstance(e, exp.Semicolon))
     finally:
@@ -185,7 +198,10 @@ def parse_batch(sql: str | Sequence[str],
     module stays independent of how policies are stored).
     """
     statements = split_statements(sql)
-    return [_statement(i, stmt, resolve_table) for i, stmt in enumerate(statements)]
+    try:
+        return [_statement(i, stmt, resolve_table) for i, stmt in enumerate(statements)]
+    except RecursionError:
+        raise ParseError("a condition is nested too deeply; simplify it") from None
 
 
 def _statement(index: int, stmt: exp.Expression, resolve_table) -> Query:
@@ -319,15 +335,26 @@ def _select(index, select: exp.Select, target, replace, text, resolve_table) -> 
         if source not in grouped:
             raise _reject(f"column {source!r} in SELECT but not in GROUP BY", select,
                           "every selected column must be grouped")
-    names = {}
+    seen_sources = [s for s, _ in select_keys]
+    for s_ in seen_sources:
+        if seen_sources.count(s_) > 1:
+            raise _reject(f"column {s_!r} selected twice", select,
+                          "each group-by column appears once in a result table")
+    reserved = set(RESERVED_OUTPUT_COLUMNS)
+    if len(grouping_sets) > 1:
+        reserved.add("grouping_id")
+    names = {count_name.lower(): "count"}
+    if count_name.lower() in reserved:
+        raise _reject(f"output column name {count_name!r}", select,
+                      f"{', '.join(sorted(reserved))} are dpsql's own result columns")
     keys = []
-    for source, out in select_keys + [(c, c) for c in grouped
-                                      if c not in {s for s, _ in select_keys}]:
-        if source in {s for s, _ in keys}:
-            continue
-        if out in names or out == count_name.lower():
+    for source, out in select_keys + [(c, c) for c in grouped if c not in seen_sources]:
+        if out.lower() in reserved:
+            raise _reject(f"output column name {out!r}", select,
+                          f"{', '.join(sorted(reserved))} are dpsql's own result columns")
+        if out.lower() in names:
             raise _reject(f"duplicate output column name {out!r}", select)
-        names[out] = source
+        names[out.lower()] = source
         keys.append((source, out))
     return Query(index, table_name, where, count_column, count_name, tuple(keys),
                  grouping_sets, target, replace, text)
@@ -457,6 +484,9 @@ def _predicate(node: exp.Expression, column_name) -> Predicate:
                           "list literal constants: col IN ('a', 'b')")
         if not isinstance(node.this, exp.Column) or not node.expressions:
             raise _reject(f"IN form {node.sql()!r}", node)
+        if len(node.expressions) > MAX_IN_LIST:
+            raise _reject(f"an IN list of {len(node.expressions):,} values", node,
+                          f"at most {MAX_IN_LIST:,} values per list")
         c = column_name(node.this)
         atoms = tuple(Atom(c, "=", _literal(v, node), *(_position(v)[0] and _position(v)
                                                          or _position(node)))
