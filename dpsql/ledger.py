@@ -195,6 +195,18 @@ def mark_released(con, release_id: int, tables: Sequence[tuple[int, str, str, in
                     [release_id])
 
 
+def is_result_table(con, name: str) -> bool:
+    """Whether ``name`` is a base table in main that a dpsql release wrote."""
+    if not has_schema(con):
+        return False
+    with engine_errors("reading the catalog"):
+        row = con.execute(
+            "SELECT count(*) FROM dpsql.release_tables r JOIN duckdb_tables() t "
+            "ON lower(r.table_name) = lower(t.table_name) AND t.schema_name = 'main' "
+            "WHERE lower(r.table_name) = lower(?)", [name]).fetchone()
+    return bool(row[0])
+
+
 def entries(con, table: str | None = None) -> list[dict]:
     if not has_schema(con):
         return []

@@ -17,7 +17,7 @@ from .accounting import PrivacyCost, check_budget, validate_delta, validate_epsi
 from .errors import PolicyError, PrivacyParameterError, StrategyError, UnsupportedQueryError
 from .inference import LeastSquares
 from .kernel import Kernel
-from .noise import calibrate_with_rounding, zcdp_rho
+from .noise import calibrate_with_rounding, rounding_slack, zcdp_rho
 from .policy import TablePolicy, load_policy
 from .results import Candidate, Explanation, Release, ResultTable, build_columns
 from .sql.compile import Workload, compile_workload
@@ -98,7 +98,9 @@ class Session:
             request = ledger.Charge(
                 table=policy.table, cost=cost, mechanism="gaussian", strategy=expl.strategy,
                 calibration=calibration, sigma=expl.sigma, sensitivity=chosen.sensitivity,
-                rho=zcdp_rho(expl.sigma, chosen.sensitivity), n_queries=workload.n_queries,
+                rho=zcdp_rho(expl.sigma, chosen.sensitivity
+                             + rounding_slack(expl.sigma, chosen.n_measurements)),
+                n_queries=workload.n_queries,
                 n_cells=workload.n_cells, expected_rmse=expl.rmse, sql_text=text,
                 result_tables=result_names, private=self.kernel.private)
             m = self.kernel.release(con, policy, workload, chosen, expl.sigma, request)
@@ -185,10 +187,15 @@ class Session:
             if t in policies or t.startswith("dpsql"):
                 raise UnsupportedQueryError(
                     f"result table name {q.target!r} is reserved (a protected table or dpsql's)")
-            if engine.table_exists(con, q.target) and not (replace or q.replace):
-                raise UnsupportedQueryError(
-                    f"table {q.target!r} already exists; use CREATE OR REPLACE TABLE or "
-                    "replace=True to overwrite it")
+            if engine.table_exists(con, q.target):
+                if not (replace or q.replace):
+                    raise UnsupportedQueryError(
+                        f"table {q.target!r} already exists; use CREATE OR REPLACE TABLE or "
+                        "replace=True to overwrite it")
+                if not ledger.is_result_table(con, q.target):
+                    raise UnsupportedQueryError(
+                        f"table {q.target!r} exists and was not created by dpsql; dpsql only "
+                        "replaces its own result tables")
             names.add(t)
         return names
 
