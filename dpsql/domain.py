@@ -28,6 +28,7 @@ part of a unit and false for the rest cannot be answered on the declared domain 
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -201,56 +202,25 @@ class _OrderedDomain:
         return units
 
     def compare(self, op: str, value: Any) -> np.ndarray:
+        """Truth of ``column op value`` on every unit, vectorised (exact rational bounds)."""
         if isinstance(value, (str, bool)) or value is None:
             raise NotExpressible("compares a numeric column with a non-numeric literal")
         c = _exact(value)
-        out = np.empty(self.n_units, dtype=np.int8)
-        for unit in range(self.n_value_units):
-            out[unit] = self._compare_unit(unit, op, c)
-        if self.nullable:
-            out[self.null_unit] = UNKNOWN
-        return out
-
-    def _compare_unit(self, unit: int, op: str, c: Fraction) -> int:
-        lo, hi, hi_closed, integral = self._bounds(unit)
         if op == "<>":
-            return TRUE - self._compare_unit(unit, "=", c)
-        if integral:  # a closed set of integers [lo, hi]
-            if op == "=":
-                if lo == hi == c:
-                    return TRUE
-                if c < lo or c > hi or c.denominator != 1:
-                    return FALSE
-                return self._mixed(unit, op, c)
-            true_if, false_if = {
-                "<": (hi < c, lo >= c),
-                "<=": (hi <= c, lo > c),
-                ">": (lo > c, hi <= c),
-                ">=": (lo >= c, hi < c),
-            }[op]
-        else:  # a real interval [lo, hi) or [lo, hi]
-            below_all = hi < c or (hi == c and not hi_closed)  # every value < c
-            if op == "=":
-                if c < lo or c > hi or (c == hi and not hi_closed):
-                    return FALSE
-                return self._mixed(unit, op, c)
-            true_if, false_if = {
-                "<": (below_all, lo >= c),
-                "<=": (hi <= c, lo > c),
-                ">": (lo > c, hi <= c),
-                ">=": (lo >= c, below_all),
-            }[op]
-        if true_if:
-            return TRUE
-        if false_if:
-            return FALSE
-        return self._mixed(unit, op, c)
-
-    def _mixed(self, unit: int, op: str, c: Fraction):
-        raise NotExpressible(
-            f"the condition {op} {_show(c)} splits the declared unit {self.unit_label(unit)}; "
-            f"{self._cut_hint()}"
-        )
+            out = TRUE - self.compare("=", c)
+            if self.nullable:
+                out[self.null_unit] = UNKNOWN
+            return out.astype(np.int8)
+        true_if, false_if = self._truth(op, c)
+        mixed = ~(true_if | false_if)
+        if mixed.any():
+            unit = int(np.flatnonzero(mixed)[0])
+            raise NotExpressible(
+                f"the condition {op} {_show(c)} splits the declared unit "
+                f"{self.unit_label(unit)}; {self._cut_hint()}")
+        out = np.full(self.n_units, UNKNOWN, dtype=np.int8)  # the NULL unit stays UNKNOWN
+        out[: self.n_value_units] = np.where(true_if, TRUE, FALSE)
+        return out
 
     def is_null(self) -> np.ndarray:
         out = np.full(self.n_units, FALSE, dtype=np.int8)
@@ -291,6 +261,11 @@ class IntegerDomain(_OrderedDomain):
             raise PolicyError(
                 f"table {table!r}, column {column!r}: step must be >= 1, got {self.step}"
             )
+        if max(abs(self.min), abs(self.max), self.step) > 2 ** 62:
+            raise PolicyError(
+                f"table {table!r}, column {column!r}: integer bounds must lie within "
+                "+-2**62"
+            )
         if self.n_value_units > MAX_UNITS_PER_COLUMN:
             raise PolicyError(
                 f"table {table!r}, column {column!r}: {self.n_value_units} units exceed the "
@@ -300,6 +275,27 @@ class IntegerDomain(_OrderedDomain):
     @property
     def n_value_units(self) -> int:
         return (self.max - self.min) // self.step + 1
+
+    def _truth(self, op: str, c: Fraction):
+        """(true, false) masks over value units; unit k holds the integers [lo_k, hi_k]."""
+        k = np.arange(self.n_value_units, dtype=np.int64)
+        lo = self.min + k * self.step
+        hi = np.minimum(lo + self.step - 1, self.max)
+        floor_c = math.floor(c)
+        ceil_c = math.ceil(c)
+        lim = 2 ** 62  # bounds are validated within +-2**62; clip keeps int64 exact
+        f_c, c_c = max(-lim, min(lim, floor_c)), max(-lim, min(lim, ceil_c))
+        if op == "=":
+            if c.denominator != 1:
+                return np.zeros_like(k, dtype=bool), np.ones_like(k, dtype=bool)
+            return (lo == c_c) & (hi == c_c), (hi < c_c) | (lo > c_c)
+        # for an integer x: x < c <=> x < ceil(c); x <= c <=> x <= floor(c); etc.
+        return {
+            "<": (hi < c_c, lo >= c_c),
+            "<=": (hi <= f_c, lo > f_c),
+            ">": (lo > f_c, hi <= f_c),
+            ">=": (lo >= c_c, hi < c_c),
+        }[op]
 
     def _bounds(self, unit: int):
         lo = self.min + unit * self.step
@@ -368,6 +364,26 @@ class NumericDomain(_OrderedDomain):
     @property
     def n_value_units(self) -> int:
         return len(self.edges) - 1
+
+    def _truth(self, op: str, c: Fraction):
+        """(true, false) masks over bins [e_i, e_{i+1}) (the last one closed)."""
+        edges = [_exact(e) for e in self.edges]
+        n = self.n_value_units
+        i = np.arange(n)
+        n_lt = bisect.bisect_left(edges, c)    # edges < c
+        n_le = bisect.bisect_right(edges, c)   # edges <= c
+        lo_ge, lo_gt = i >= n_lt, i >= n_le    # e_i >= c, e_i > c
+        hi_le, hi_lt = i + 1 < n_le, i + 1 < n_lt  # e_{i+1} <= c, e_{i+1} < c
+        closed = i == n - 1
+        below_all = hi_lt | (hi_le & ~closed)  # every value of the bin is < c
+        if op == "=":
+            return np.zeros(n, dtype=bool), lo_gt | below_all
+        return {
+            "<": (below_all, lo_ge),
+            "<=": (hi_le, lo_gt),
+            ">": (lo_gt, hi_le),
+            ">=": (lo_ge, below_all),
+        }[op]
 
     def _bounds(self, unit: int):
         lo, hi = _exact(self.edges[unit]), _exact(self.edges[unit + 1])

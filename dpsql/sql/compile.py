@@ -107,7 +107,7 @@ def _single_column_parts(pred: Predicate | None, negated: bool = False):
 def _kleene(pred: Predicate, atom_truth: dict) -> np.ndarray:
     """Truth per unit of a one-column condition (atoms' unit vectors combined)."""
     if isinstance(pred, Atom):
-        return atom_truth[pred]
+        return atom_truth[_key(pred)]
     if isinstance(pred, Const):
         return np.int8(TRUE if pred.value else FALSE)
     if pred.op == "not":
@@ -127,6 +127,11 @@ def _atoms(pred: Predicate | None):
         return
     for child in pred.children:
         yield from _atoms(child)
+
+
+def _key(atom: Atom) -> tuple:
+    """Atoms equal but for their position in the text share one truth vector."""
+    return (atom.column, atom.op, atom.value)
 
 
 def _atom_truth(atom: Atom, domain) -> np.ndarray:
@@ -149,7 +154,7 @@ def compile_workload(queries: list[Query], policy) -> Workload:
             f"a batch must query one protected table; this one queries {sorted(tables)} "
             "(submit one batch per table)")
     # 1. per column: atoms, grouping, COUNT(col)
-    atom_truth: dict[Atom, np.ndarray] = {}
+    atom_truth: dict[tuple, np.ndarray] = {}
     # one-column sub-conditions -> truth per unit; key (condition, under a NOT)
     unit_truth: dict[tuple, np.ndarray] = {}
     used: list[str] = []
@@ -162,8 +167,8 @@ def compile_workload(queries: list[Query], policy) -> Workload:
     for q in queries:
         for a in _atoms(q.where):
             use(a.column)
-            if a not in atom_truth:
-                atom_truth[a] = _atom_truth(a, policy.column(a.column))
+            if _key(a) not in atom_truth:
+                atom_truth[_key(a)] = _atom_truth(a, policy.column(a.column))
         for c, sub, negated in _single_column_parts(q.where):
             if (sub, negated) not in unit_truth:
                 n_units = policy.column(c).n_units
