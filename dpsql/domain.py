@@ -13,7 +13,10 @@ distinguishes for that column. Units come from the policy alone, never from the 
 Out-of-domain rows (the documented rule, applied by the engine when it counts):
 
 - integer / numeric values are clamped to ``[min, max]`` (integers are floored to the
-  ``step`` grid); a predicate sees the clamped value;
+  ``step`` grid); a predicate sees the clamped value. NaN counts as ``max`` (it sorts above
+  every number), ``±inf`` as ``max`` / ``min``; a value that cannot be read as a number
+  counts as NULL;
+- integer categories match only values that are whole numbers (2.7 is ``other``, not 3);
 - categorical values not declared fall in ``other``: ``=`` / ``IN`` on declared values never
   select it, ``<>`` / ``NOT IN`` do;
 - ``NULL`` is its own unit when the column is ``nullable`` and follows SQL three-valued logic
