@@ -75,8 +75,18 @@ def _exact(value: Any) -> Fraction:
     return Fraction(value)
 
 
+class _Units:
+    """What every domain shares: the NULL unit's truth for IS NULL."""
+
+    def is_null(self) -> np.ndarray:
+        out = np.full(self.n_units, FALSE, dtype=np.int8)
+        if self.nullable:
+            out[self.null_unit] = TRUE
+        return out
+
+
 @dataclass(frozen=True)
-class CategoricalDomain:
+class CategoricalDomain(_Units):
     """An explicit list of values (strings, or integers), plus implicit ``other`` and NULL."""
 
     values: tuple
@@ -169,17 +179,11 @@ class CategoricalDomain:
             out[self.null_unit] = UNKNOWN
         return out
 
-    def is_null(self) -> np.ndarray:
-        out = np.full(self.n_units, FALSE, dtype=np.int8)
-        if self.nullable:
-            out[self.null_unit] = TRUE
-        return out
-
     def describe(self) -> dict:
         return {"type": "categorical", "values": list(self.values), "nullable": self.nullable}
 
 
-class _OrderedDomain:
+class _OrderedDomain(_Units):
     """Shared logic of integer and numeric domains: units are ordered value sets."""
 
     nullable: bool
@@ -223,12 +227,6 @@ class _OrderedDomain:
                 f"{self.unit_label(unit)}; {self._cut_hint()}")
         out = np.full(self.n_units, UNKNOWN, dtype=np.int8)  # the NULL unit stays UNKNOWN
         out[: self.n_value_units] = np.where(true_if, TRUE, FALSE)
-        return out
-
-    def is_null(self) -> np.ndarray:
-        out = np.full(self.n_units, FALSE, dtype=np.int8)
-        if self.nullable:
-            out[self.null_unit] = TRUE
         return out
 
 

@@ -36,8 +36,9 @@ from dpsql.errors import UnsupportedQueryError
 from dpsql.policy import table_policy_from_spec
 from dpsql.sql.compile import compile_workload
 from dpsql.sql.parse import parse_batch
+from .conftest import adult_csv
 
-ADULT_CSV = Path(os.environ.get("DPSQL_ADULT_CSV", "/work/shared/data/adult.csv"))
+ADULT_CSV = Path(os.environ.get("DPSQL_ADULT_CSV", adult_csv()))
 
 # --------------------------------------------------------------------------- policies
 # Value lists read once from adult.csv and hard-coded (a policy is never inferred from data).

@@ -112,10 +112,14 @@ def _kleene(pred: Predicate, atom_truth: dict) -> np.ndarray:
         return np.int8(TRUE if pred.value else FALSE)
     if pred.op == "not":
         return (TRUE - _kleene(pred.children[0], atom_truth)).astype(np.int8)
-    vals = [_kleene(c, atom_truth) for c in pred.children]
+    return _combine(pred.op, [_kleene(c, atom_truth) for c in pred.children])
+
+
+def _combine(op: str, vals: list) -> np.ndarray:
+    """Kleene AND (min) / OR (max) over truth arrays (FALSE=0 < UNKNOWN=1 < TRUE=2)."""
     out = vals[0]
     for v in vals[1:]:
-        out = np.minimum(out, v) if pred.op == "and" else np.maximum(out, v)
+        out = np.minimum(out, v) if op == "and" else np.maximum(out, v)
     return out
 
 
@@ -235,10 +239,7 @@ def compile_workload(queries: list[Query], policy) -> Workload:
             return np.broadcast_to(part_truth(pred, negated), shape)
         if pred.op == "not":
             return (TRUE - evaluate(pred.children[0], True)).astype(np.int8)
-        vals = [evaluate(ch, negated) for ch in pred.children]
-        out = vals[0]
-        for v in vals[1:]:
-            out = np.minimum(out, v) if pred.op == "and" else np.maximum(out, v)
+        out = _combine(pred.op, [evaluate(ch, negated) for ch in pred.children])
         return np.broadcast_to(out, shape)
 
     # 3. rows of W
