@@ -10,12 +10,12 @@
 from .errors import (BudgetExceededError, DpsqlError, EngineError, LockTimeoutError,
                      ParseError, PolicyError, PrivacyParameterError, StrategyError,
                      UnsupportedQueryError)
-from .session import Session, connect
+from .session import InterruptedAfterRelease, Session, connect
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "BudgetExceededError", "DpsqlError", "EngineError", "LockTimeoutError", "ParseError",
+    "BudgetExceededError", "DpsqlError", "EngineError", "InterruptedAfterRelease", "LockTimeoutError", "ParseError",
     "PolicyError", "PrivacyParameterError", "Session", "StrategyError",
     "UnsupportedQueryError", "connect",
 ]

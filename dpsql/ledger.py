@@ -54,7 +54,8 @@ SCHEMA_SQL = [
         sql_text VARCHAR NOT NULL,
         result_tables VARCHAR[],
         private BOOLEAN NOT NULL,
-        status VARCHAR NOT NULL)""",
+        status VARCHAR NOT NULL,
+        release_name VARCHAR UNIQUE)""",
     """CREATE TABLE IF NOT EXISTS dpsql.release_tables (
         release_id BIGINT NOT NULL,
         statement_index INTEGER NOT NULL,
@@ -66,7 +67,7 @@ SCHEMA_SQL = [
 LEDGER_COLUMNS = (
     "release_id, created_at, table_name, epsilon, delta, mechanism, strategy, calibration, "
     "sigma, sensitivity, n_queries, n_cells, expected_rmse, sql_text, result_tables, private, "
-    "status"
+    "status, release_name"
 )
 
 
@@ -142,6 +143,7 @@ class Charge:
     sql_text: str
     result_tables: object  # list of names, or a function release_id -> list of names
     private: bool
+    release_name: str | None = None  # unique; re-running a named release never re-noises
 
 
 def charge(con, policy: TablePolicy, request: Charge) -> tuple[int, list[str]]:
@@ -167,14 +169,15 @@ def charge(con, policy: TablePolicy, request: Charge) -> tuple[int, list[str]]:
             con.execute(
                 "INSERT INTO dpsql.ledger (release_id, table_name, epsilon, delta, epsilon_exact,"
                 " delta_exact, rho, mechanism, strategy, calibration, sigma, sensitivity, "
-                "n_queries, n_cells, expected_rmse, sql_text, result_tables, private, status) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'charged')",
+                "n_queries, n_cells, expected_rmse, sql_text, result_tables, private, status, "
+                "release_name) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'charged', ?)",
                 [next_id, policy.table, float(request.cost.epsilon), float(request.cost.delta),
                  fraction_to_text(request.cost.epsilon), fraction_to_text(request.cost.delta),
                  request.rho, request.mechanism, request.strategy, request.calibration,
                  request.sigma, request.sensitivity, request.n_queries, request.n_cells,
                  request.expected_rmse, request.sql_text, names,
-                 request.private])
+                 request.private, request.release_name])
             con.execute("COMMIT")
         return int(next_id), names
     except BaseException:
@@ -205,6 +208,17 @@ def is_result_table(con, name: str) -> bool:
             "ON lower(r.table_name) = lower(t.table_name) AND t.schema_name = 'main' "
             "WHERE lower(r.table_name) = lower(?)", [name]).fetchone()
     return bool(row[0])
+
+
+def find_named(con, name: str) -> dict | None:
+    """The ledger entry of the release called ``name``, if any."""
+    if not has_schema(con):
+        return None
+    with engine_errors("reading the ledger"):
+        cur = con.execute(f"SELECT {LEDGER_COLUMNS} FROM dpsql.ledger WHERE release_name = ?",
+                          [name])
+        row = cur.fetchone()
+        return None if row is None else dict(zip([d[0] for d in cur.description], row))
 
 
 def entries(con, table: str | None = None) -> list[dict]:

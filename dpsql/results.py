@@ -89,6 +89,8 @@ class Release:
     expected_rmse: float
     results: list                    # ResultTable per statement
     private: bool
+    name: str | None = None          # the release name, when one was given
+    reused: bool = False             # True: recorded answers returned again, nothing charged
 
     def __str__(self) -> str:
         head = (f"release {self.release_id} on {self.table}: epsilon={self.epsilon:g} "
@@ -96,6 +98,8 @@ class Release:
                 f"expected RMSE={self.expected_rmse:.4g}")
         if not self.private:
             head += "  [NON-PRIVATE: seeded test noise]"
+        if self.reused:
+            head += f"  [recorded answers of release {self.name!r}; nothing charged]"
         return head + "\n\n" + "\n\n".join(str(r) for r in self.results)
 
 

@@ -7,14 +7,19 @@ strategy, budget fit) before the kernel reads a single row, so a bad request cha
 
 from __future__ import annotations
 
+import contextlib
 import math
+import signal
+import threading
+from fractions import Fraction
 from typing import Sequence
 
 import numpy as np
 
 from . import engine, ledger
 from .accounting import PrivacyCost, check_budget, validate_delta, validate_epsilon
-from .errors import PolicyError, PrivacyParameterError, StrategyError, UnsupportedQueryError
+from .errors import (DpsqlError, PolicyError, PrivacyParameterError, StrategyError,
+                     UnsupportedQueryError)
 from .inference import LeastSquares
 from .kernel import Kernel
 from .noise import calibrate_with_rounding, rounding_slack, zcdp_rho
@@ -67,10 +72,23 @@ class Session:
         return self._select(policy, workload, eps, dlt, strategy, calibration)
 
     def answer(self, sql: str | Sequence[str], *, epsilon, delta, strategy: str = "auto",
-               calibration: str = "analytic", replace: bool = False) -> Release:
-        """Release noisy answers to a batch, charging (epsilon, delta) to the table's budget."""
+               calibration: str = "analytic", replace: bool = False,
+               name: str | None = None) -> Release:
+        """Release noisy answers to a batch, charging (epsilon, delta) to the table's budget.
+
+        ``name`` makes the release idempotent: asking again under the same name with the same
+        SQL and parameters returns the recorded answers (no charge, no fresh noise); anything
+        else under a used name is refused.
+        """
         eps, dlt = self._privacy(epsilon, delta, calibration)
+        text = sql if isinstance(sql, str) else ";\n".join(sql)
+        if name is not None and (not isinstance(name, str) or not name.strip()):
+            raise DpsqlError("a release name must be a non-empty string")
         with self.db.connect() as con:
+            if name is not None:
+                recorded = ledger.find_named(con, name)
+                if recorded is not None:
+                    return self._recorded(con, recorded, text, eps, dlt, strategy)
             policies = ledger.load_policies(con)
             policy, queries, workload = self._compile(sql, policies)
             names_given = self._check_targets(con, queries, policies, replace)
@@ -94,7 +112,6 @@ class Session:
                     out.append(name)
                 return out
 
-            text = sql if isinstance(sql, str) else ";\n".join(sql)
             request = ledger.Charge(
                 table=policy.table, cost=cost, mechanism="gaussian", strategy=expl.strategy,
                 calibration=calibration, sigma=expl.sigma, sensitivity=chosen.sensitivity,
@@ -102,13 +119,21 @@ class Session:
                              + rounding_slack(expl.sigma, chosen.n_measurements)),
                 n_queries=workload.n_queries,
                 n_cells=workload.n_cells, expected_rmse=expl.rmse, sql_text=text,
-                result_tables=result_names, private=self.kernel.private)
-            m = self.kernel.release(con, policy, workload, chosen, expl.sigma, request)
-            answers = solver.answers(workload.W, m.y)
-            stderr = expl.stderr
-            results = self._write(con, m, policy, queries, workload, answers, stderr, replace)
-        return Release(m.release_id, policy.table, list(m.result_tables), float(eps),
-                       float(dlt), expl.strategy, expl.sigma, expl.rmse, results, m.private)
+                result_tables=result_names, private=self.kernel.private, release_name=name)
+            with _interrupts_deferred() as interrupted:
+                # from the charge to the committed result tables, Ctrl-C waits: a charged
+                # release is always completed, never left half-written
+                m = self.kernel.release(con, policy, workload, chosen, expl.sigma, request)
+                answers = solver.answers(workload.W, m.y)
+                stderr = expl.stderr
+                results = self._write(con, m, policy, queries, workload, answers, stderr,
+                                      replace)
+        release = Release(m.release_id, policy.table, list(m.result_tables), float(eps),
+                          float(dlt), expl.strategy, expl.sigma, expl.rmse, results, m.private,
+                          name=name)
+        if interrupted:
+            raise InterruptedAfterRelease(release)
+        return release
 
     def budget(self, table: str | None = None) -> dict:
         """Spent and remaining (ε, δ) per protected table (exact fractions and floats)."""
@@ -143,6 +168,37 @@ class Session:
         self.close()
 
     # ------------------------------------------------------------------ internals
+    @staticmethod
+    def _recorded(con, entry: dict, text: str, eps, dlt, strategy: str) -> Release:
+        """A named release asked again: its recorded answers, or a refusal. Never new noise."""
+        name = entry["release_name"]
+        same = (entry["sql_text"] == text and Fraction(entry["epsilon"]) == Fraction(float(eps))
+                and Fraction(entry["delta"]) == Fraction(float(dlt))
+                and strategy in ("auto", entry["strategy"]))
+        if not same:
+            raise DpsqlError(
+                f"release name {name!r} is already used (release {entry['release_id']}) for a "
+                "different batch or different parameters; choose another name")
+        if entry["status"] != "released":
+            raise DpsqlError(
+                f"release {name!r} was charged but its results were never written (it was "
+                "interrupted); its budget stays spent and it cannot be re-noised for free; "
+                "choose another name to release again")
+        results = []
+        for table in entry["result_tables"]:
+            if not engine.table_exists(con, table):
+                raise DpsqlError(
+                    f"release {name!r} is recorded, but its result table {table!r} no longer "
+                    "exists; its answers cannot be returned again without a new charge")
+            with engine.engine_errors(f"reading result table {table!r}"):
+                cur = con.execute(f"SELECT * FROM main.{engine.quote_ident(table)}")
+                cols = tuple(d[0] for d in cur.description)
+                results.append(ResultTable(table, cols, cur.fetchall()))
+        return Release(entry["release_id"], entry["table_name"], list(entry["result_tables"]),
+                       entry["epsilon"], entry["delta"], entry["strategy"], entry["sigma"],
+                       entry["expected_rmse"], results, entry["private"], name=name,
+                       reused=True)
+
     @staticmethod
     def _privacy(epsilon, delta, calibration):
         eps = validate_epsilon(epsilon)
@@ -257,6 +313,31 @@ class Session:
                 pass
             raise
         return results
+
+
+class InterruptedAfterRelease(KeyboardInterrupt):
+    """Ctrl-C arrived while a charged release was being completed; it completed first."""
+
+    def __init__(self, release: Release):
+        super().__init__(f"interrupted after release {release.release_id} was charged and "
+                         f"written (tables: {', '.join(release.tables)})")
+        self.release = release
+
+
+@contextlib.contextmanager
+def _interrupts_deferred():
+    """Hold SIGINT until the block ends (main thread only); yields a list, non-empty if one
+    arrived."""
+    got: list = []
+    if threading.current_thread() is not threading.main_thread():
+        yield got
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, lambda signum, frame: got.append(signum))
+    try:
+        yield got
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def connect(path: str = ":memory:", **kwargs) -> Session:

@@ -239,3 +239,55 @@ def test_in_memory_session_is_refused_gracefully():
     with pytest.raises(UnsupportedQueryError, match="not a protected table"):
         db.explain("SELECT COUNT(*) FROM adult", epsilon=1, delta=1e-6)
     assert db.budget() == {}
+
+
+def test_named_release_returns_recorded_answers_never_fresh_noise(adult_db):
+    sql = "SELECT sex, COUNT(*) FROM adult GROUP BY sex"
+    first = adult_db.answer(sql, epsilon=0.2, delta=1e-7, name="weekly-1")
+    before = snapshot(adult_db)
+    again = adult_db.answer(sql, epsilon=0.2, delta=1e-7, name="weekly-1")
+    assert again.reused and again.release_id == first.release_id
+    assert again.results[0].rows == first.results[0].rows  # the same numbers, not new noise
+    assert snapshot(adult_db) == before                     # and nothing charged
+    with pytest.raises(dpsql.DpsqlError, match="already used"):
+        adult_db.answer(sql, epsilon=0.3, delta=1e-7, name="weekly-1")
+    with pytest.raises(dpsql.DpsqlError, match="already used"):
+        adult_db.answer("SELECT COUNT(*) FROM adult", epsilon=0.2, delta=1e-7, name="weekly-1")
+    assert snapshot(adult_db) == before
+    assert adult_db.ledger()[-1]["release_name"] == "weekly-1"
+
+
+def test_interrupted_named_release_is_never_re_noised(adult_db, monkeypatch):
+    from dpsql import session as session_mod
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("simulated crash after the charge")
+
+    monkeypatch.setattr(session_mod.Session, "_write", crash)
+    with pytest.raises(RuntimeError):
+        adult_db.answer("SELECT COUNT(*) FROM adult", epsilon=0.2, delta=1e-7, name="n1")
+    monkeypatch.undo()
+    assert adult_db.ledger()[-1]["status"] == "charged"
+    assert adult_db.budget("adult")["epsilon_spent"] == Fraction(1, 5)
+    with pytest.raises(dpsql.DpsqlError, match="never written"):
+        adult_db.answer("SELECT COUNT(*) FROM adult", epsilon=0.2, delta=1e-7, name="n1")
+
+
+def test_ctrl_c_during_the_release_completes_it_first(adult_db, monkeypatch):
+    import os
+    import signal
+
+    from dpsql import session as session_mod
+
+    real_write = session_mod.Session._write
+
+    def write_after_sigint(self, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)   # Ctrl-C arrives after the charge
+        return real_write(self, *args, **kwargs)
+
+    monkeypatch.setattr(session_mod.Session, "_write", write_after_sigint)
+    with pytest.raises(dpsql.InterruptedAfterRelease) as exc:
+        adult_db.answer("SELECT COUNT(*) FROM adult", epsilon=0.2, delta=1e-7)
+    assert isinstance(exc.value, KeyboardInterrupt)
+    entry = adult_db.ledger()[-1]
+    assert entry["status"] == "released" and exc.value.release.tables == entry["result_tables"]
