@@ -210,6 +210,16 @@ def is_result_table(con, name: str) -> bool:
     return bool(row[0])
 
 
+def table_owner(con, name: str) -> int | None:
+    """The release that last wrote result table ``name`` (None if dpsql never wrote it)."""
+    if not has_schema(con):
+        return None
+    with engine_errors("reading the ledger"):
+        row = con.execute("SELECT max(release_id) FROM dpsql.release_tables "
+                          "WHERE lower(table_name) = lower(?)", [name]).fetchone()
+    return None if row[0] is None else int(row[0])
+
+
 def find_named(con, name: str) -> dict | None:
     """The ledger entry of the release called ``name``, if any."""
     if not has_schema(con):

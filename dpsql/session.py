@@ -88,7 +88,8 @@ class Session:
             if name is not None:
                 recorded = ledger.find_named(con, name)
                 if recorded is not None:
-                    return self._recorded(con, recorded, text, eps, dlt, strategy)
+                    return self._recorded(con, recorded, text, eps, dlt, strategy,
+                                          calibration)
             policies = ledger.load_policies(con)
             policy, queries, workload = self._compile(sql, policies)
             names_given = self._check_targets(con, queries, policies, replace)
@@ -169,12 +170,14 @@ class Session:
 
     # ------------------------------------------------------------------ internals
     @staticmethod
-    def _recorded(con, entry: dict, text: str, eps, dlt, strategy: str) -> Release:
+    def _recorded(con, entry: dict, text: str, eps, dlt, strategy: str,
+                  calibration: str) -> Release:
         """A named release asked again: its recorded answers, or a refusal. Never new noise."""
         name = entry["release_name"]
         same = (entry["sql_text"] == text and Fraction(entry["epsilon"]) == Fraction(float(eps))
                 and Fraction(entry["delta"]) == Fraction(float(dlt))
-                and strategy in ("auto", entry["strategy"]))
+                and strategy in ("auto", entry["strategy"])
+                and calibration == entry["calibration"])
         if not same:
             raise DpsqlError(
                 f"release name {name!r} is already used (release {entry['release_id']}) for a "
@@ -186,10 +189,14 @@ class Session:
                 "choose another name to release again")
         results = []
         for table in entry["result_tables"]:
-            if not engine.table_exists(con, table):
+            owner = ledger.table_owner(con, table)
+            if not engine.table_exists(con, table) or owner != entry["release_id"]:
+                later = (f" (release {owner} has replaced it)" if owner is not None
+                         and owner != entry["release_id"] else "")
                 raise DpsqlError(
                     f"release {name!r} is recorded, but its result table {table!r} no longer "
-                    "exists; its answers cannot be returned again without a new charge")
+                    f"holds its answers{later}; they cannot be returned again without a new "
+                    "charge")
             with engine.engine_errors(f"reading result table {table!r}"):
                 cur = con.execute(f"SELECT * FROM main.{engine.quote_ident(table)}")
                 cols = tuple(d[0] for d in cur.description)

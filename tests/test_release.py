@@ -291,3 +291,15 @@ def test_ctrl_c_during_the_release_completes_it_first(adult_db, monkeypatch):
     assert isinstance(exc.value, KeyboardInterrupt)
     entry = adult_db.ledger()[-1]
     assert entry["status"] == "released" and exc.value.release.tables == entry["result_tables"]
+
+
+def test_named_release_refuses_when_its_table_was_replaced(adult_db):
+    sql = "CREATE TABLE wk AS SELECT sex, COUNT(*) FROM adult GROUP BY sex"
+    adult_db.answer(sql, epsilon=0.1, delta=1e-7, name="a")
+    adult_db.answer(sql.replace("CREATE", "CREATE OR REPLACE"), epsilon=0.1, delta=1e-7,
+                    name="b")
+    with pytest.raises(dpsql.DpsqlError, match="has replaced it"):
+        adult_db.answer(sql, epsilon=0.1, delta=1e-7, name="a")
+    with pytest.raises(dpsql.DpsqlError, match="already used"):
+        adult_db.answer(sql.replace("CREATE", "CREATE OR REPLACE"), epsilon=0.1, delta=1e-7,
+                        name="b", calibration="classic")
