@@ -2,17 +2,24 @@
 
     dpsql demo [--db PATH]
     dpsql protect DB POLICY.toml [--table T] [--replace]
-    dpsql explain DB SCRIPT.sql --epsilon E --delta D [--strategy S]
-    dpsql run DB SCRIPT.sql --epsilon E --delta D [--strategy S] [--calibration C]
+    dpsql run DB SCRIPT.sql [--epsilon E] [--delta D] [--strategy S] [--calibration C]
+                            [--release NAME] [--replace] [--dry-run] [--csv | --quiet]
+    dpsql explain DB SCRIPT.sql [same options]      (= run --dry-run)
     dpsql budget DB
     dpsql ledger DB
 
-Errors print as one line on stderr (exit status 2), never as a traceback.
+``run`` answers a reporting script workload by workload (see :mod:`dpsql.scripts` and
+docs/scripts.md); the privacy options are defaults that the script's ``SET dpsql.*``
+statements override, ``--release`` overrides ``SET dpsql.release``.
+
+Exit status: 0 success, 2 refusal or error (one line on stderr, never a traceback),
+130 interrupted (Ctrl-C). On success nothing is written to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import os
 import sys
 import tempfile
@@ -40,11 +47,15 @@ def _read_script(path: str) -> str:
 
 
 def _privacy_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--epsilon", type=_number, required=True, help="epsilon to spend")
-    p.add_argument("--delta", type=_number, required=True, help="delta to spend (> 0)")
-    p.add_argument("--strategy", default="auto", help="auto (default), identity or workload")
-    p.add_argument("--calibration", default="analytic", choices=["analytic", "classic"],
-                   help="Gaussian calibration (classic only for epsilon < 1)")
+    p.add_argument("--epsilon", type=_number,
+                   help="epsilon per workload, unless the script sets dpsql.epsilon")
+    p.add_argument("--delta", type=_number,
+                   help="delta per workload (> 0), unless the script sets dpsql.delta")
+    p.add_argument("--strategy", help="auto (default), identity or workload, unless the "
+                                      "script sets dpsql.strategy")
+    p.add_argument("--calibration", choices=["analytic", "classic"],
+                   help="Gaussian calibration (default analytic; classic only for "
+                        "epsilon < 1), unless the script sets dpsql.calibration")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,16 +73,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--table", help="protect only this table of the policy")
     p.add_argument("--replace", action="store_true", help="replace an existing policy")
 
-    for name, helptext in (("run", "answer a SQL script as one workload (spends budget)"),
-                           ("explain", "expected error of a script; reads no data, spends "
-                                       "nothing")):
+    for name, helptext in (("run", "answer a SQL reporting script, workload by workload "
+                                   "(spends budget)"),
+                           ("explain", "expected errors of a script's workloads (run "
+                                       "--dry-run): reads no data, spends nothing")):
         r = sub.add_parser(name, help=helptext)
         r.add_argument("db")
         r.add_argument("script", help="SQL file, or - for standard input")
         _privacy_args(r)
+        r.add_argument("--release", metavar="NAME",
+                       help="release name of this edition (overrides SET dpsql.release); "
+                            "workload k is released as NAME/k")
+        r.add_argument("--replace", action="store_true",
+                       help="overwrite existing result tables named by CREATE TABLE")
         if name == "run":
-            r.add_argument("--replace", action="store_true",
-                           help="overwrite existing result tables named by CREATE TABLE")
+            r.add_argument("--dry-run", action="store_true",
+                           help="check everything and show the expected errors; reads no "
+                                "data, spends nothing")
+        out = r.add_mutually_exclusive_group()
+        out.add_argument("--csv", action="store_true",
+                         help="results as CSV on stdout (one block per result table)")
+        out.add_argument("--quiet", action="store_true",
+                         help="print only a one-line summary per workload")
 
     b = sub.add_parser("budget", help="spent and remaining budget per protected table")
     b.add_argument("db")
@@ -102,8 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     except DpsqlError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("cancelled", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        detail = str(exc)  # a script's interruption says what was released before it
+        print(f"cancelled: {detail}" if detail else "cancelled", file=sys.stderr)
         return 130
 
 
@@ -129,22 +153,7 @@ def _dispatch(args) -> int:
                       f"delta={float(tp.delta):g}, {len(tp.columns)} columns")
         return 0
     if args.command in ("run", "explain"):
-        _require_db(args.db)
-        sql = _read_script(args.script)
-        with connect(args.db) as db:
-            if args.command == "explain":
-                print(db.explain(sql, epsilon=args.epsilon, delta=args.delta,
-                                 strategy=args.strategy, calibration=args.calibration))
-                return 0
-            release = db.answer(sql, epsilon=args.epsilon, delta=args.delta,
-                                strategy=args.strategy, calibration=args.calibration,
-                                replace=args.replace)
-            print(release)
-            print()
-            print(format_table(BUDGET_COLUMNS, _budget_rows({release.table:
-                                                             db.budget(release.table)}),
-                               title="budget"))
-        return 0
+        return _script(args, dry_run=args.command == "explain" or args.dry_run)
     if args.command == "budget":
         _require_db(args.db)
         with connect(args.db) as db:
@@ -154,12 +163,108 @@ def _dispatch(args) -> int:
         _require_db(args.db)
         with connect(args.db) as db:
             rows = db.ledger()
-        cols = ("release_id", "created_at", "table_name", "epsilon", "delta", "strategy",
-                "n_queries", "result_tables", "private", "status")
+        cols = ("release_id", "release_name", "created_at", "table_name", "epsilon", "delta",
+                "strategy", "n_queries", "result_tables", "private", "status")
         print(format_table(cols, [tuple(str(r[c]) if c in ("created_at", "result_tables")
                                         else r[c] for c in cols) for r in rows]))
         return 0
     raise DpsqlError(f"unknown command {args.command!r}")
+
+
+def _script(args, *, dry_run: bool) -> int:
+    """``run`` / ``explain``: check the whole script, then release it workload by workload."""
+    from .scripts import check_script, parse_script, run_script
+    from .session import connect
+
+    _require_db(args.db)
+    script = parse_script(_read_script(args.script), epsilon=args.epsilon, delta=args.delta,
+                          strategy=args.strategy, calibration=args.calibration,
+                          release=args.release)
+    out = _ScriptOutput(args, len(script.workloads))
+    with connect(args.db) as db:
+        plan = check_script(db, script, replace=args.replace)
+        if dry_run:
+            out.plan(plan)
+        if plan.budget_error is not None:
+            raise plan.budget_error
+        if dry_run:
+            return 0
+        outcomes = run_script(db, plan, replace=args.replace, on_outcome=out.outcome)
+        if not (args.csv or args.quiet):
+            tables = sorted({o.release.table for o in outcomes})
+            print()
+            print(format_table(BUDGET_COLUMNS, _budget_rows({t: db.budget(t) for t in tables}),
+                               title="budget"))
+    return 0
+
+
+def _cost(eps, dlt) -> str:
+    return f"epsilon={float(eps):g}, delta={float(dlt):g}"
+
+
+class _ScriptOutput:
+    """What ``run`` prints: text (default), ``--quiet`` (one line per workload) or ``--csv``."""
+
+    def __init__(self, args, n_workloads: int):
+        self.csv = csv.writer(sys.stdout, lineterminator="\n") if args.csv else None
+        self.quiet = args.quiet
+        self.n = n_workloads
+        self.blocks = 0
+
+    def _head(self, w) -> str:
+        where = "" if self.quiet else f" ({w.lines})"
+        return f"workload {w.number}/{self.n}{where} {w.name!r}"
+
+    def _block(self, header) -> None:
+        if self.blocks:
+            print()
+        self.blocks += 1
+        self.csv.writerow(header)
+
+    def plan(self, plan) -> None:
+        if self.csv is not None:
+            self._block(("workload", "lines", "release", "status", "table", "epsilon", "delta",
+                         "strategy", "sigma", "expected_rmse", "n_queries", "n_cells"))
+        for item in plan.items:
+            w, e, rec = item.workload, item.explanation, item.recorded
+            if self.csv is not None:
+                self.csv.writerow((w.number, w.lines, w.name, "new" if rec is None else
+                                   "recorded", e.table, float(w.epsilon), float(w.delta),
+                                   e.strategy, e.sigma, e.rmse, e.n_queries, e.n_cells))
+            elif rec is not None:
+                print(f"{self._head(w)}: already released as release {rec['release_id']}; "
+                      "nothing would be charged")
+            elif self.quiet:
+                print(f"{self._head(w)}: would charge {_cost(w.epsilon, w.delta)} on "
+                      f"{e.table}; strategy {e.strategy}, expected RMSE {e.rmse:.4g}")
+            else:
+                print(f"{self._head(w)}: would charge {_cost(w.epsilon, w.delta)}\n{e}\n")
+        if self.csv is None and not self.quiet:
+            totals = "; ".join(f"{t} {_cost(c.epsilon, c.delta)} of the remaining "
+                               f"{_cost(plan.remaining[t].epsilon, plan.remaining[t].delta)}"
+                               for t, c in plan.to_charge.items()) or "nothing"
+            print(f"dry run: nothing was read or spent; a run would charge {totals}")
+
+    def outcome(self, o) -> None:
+        w, r = o.workload, o.release
+        if self.csv is not None:
+            for t in r.results:
+                self._block(("release", "table") + tuple(t.columns))
+                for row in t.rows:
+                    self.csv.writerow((w.name, t.name) + tuple("" if v is None else v
+                                                               for v in row))
+            sys.stdout.flush()
+            return
+        if r.reused:
+            what = f"already released as release {r.release_id}, nothing charged"
+        else:
+            what = f"released as release {r.release_id} on {r.table}"
+        if self.quiet:
+            cost = "" if r.reused else f" ({_cost(r.epsilon, r.delta)}, strategy {r.strategy})"
+            print(f"{self._head(w)}: {what}{cost}; tables: {', '.join(r.tables)}", flush=True)
+        else:
+            print(("\n" if self.blocks else "") + f"{self._head(w)}: {what}\n{r}", flush=True)
+            self.blocks += 1
 
 
 def demo(path: str | None = None) -> int:
