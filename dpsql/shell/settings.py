@@ -1,0 +1,141 @@
+"""What the shell remembers between statements, and the validation of every ``\\set``.
+
+ε and δ have no safe universal default, so they start unset and the first query is refused
+until the analyst chooses them. Values are held exactly (``Fraction``): ``0.1`` is one tenth.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+from ..accounting import validate_delta, validate_epsilon
+from ..errors import DpsqlError, PrivacyParameterError, StrategyError
+from ..strategies import REGISTRY
+
+DEFAULT_CONFIRM_SHARE = Fraction(1, 4)
+SETTINGS = ("epsilon", "delta", "strategy", "confirm_share")
+
+
+def show_exact(value) -> str:
+    """An exact value as a short decimal when one is exact, else ``num/den``."""
+    f = Fraction(repr(value)) if isinstance(value, float) else Fraction(value)
+    if f == 0:
+        return "0"
+    for digits in range(1, 18):
+        s = f"{float(f):.{digits}g}"
+        if Fraction(s) == f:
+            return s
+    return f"{float(f):.6g} (exactly {f.numerator}/{f.denominator})"
+
+
+def _number(text: str, name: str, example: str) -> Fraction:
+    raw = str(text).strip()
+    try:
+        return Fraction(raw)
+    except (ValueError, ZeroDivisionError):
+        raise PrivacyParameterError(
+            f"{name} must be a number such as {example}, got {raw!r}") from None
+
+
+def parse_epsilon(text: str) -> Fraction:
+    return validate_epsilon(_number(text, "epsilon", "0.1"))
+
+
+def parse_delta(text: str) -> Fraction:
+    delta = validate_delta(_number(text, "delta", "1e-6"))
+    if delta == 0:
+        raise PrivacyParameterError(
+            "delta = 0 asks for pure epsilon-DP, which the Gaussian mechanism cannot give; "
+            "use delta > 0 (e.g. 1e-6)")
+    return delta
+
+
+def parse_strategy(text: str) -> str:
+    name = str(text).strip().lower()
+    if name != "auto" and name not in REGISTRY:
+        raise StrategyError(
+            f"unknown strategy {str(text).strip()!r}; choose 'auto' or one of "
+            f"{', '.join(sorted(REGISTRY))}")
+    return name
+
+
+def parse_share(text: str) -> Fraction:
+    raw = str(text).strip()
+    percent = raw.endswith("%")
+    share = _number(raw[:-1] if percent else raw, "confirm_share", "0.25 or 25%")
+    if percent:
+        share /= 100
+    if not 0 <= share <= 1:
+        raise DpsqlError(
+            f"confirm_share must be between 0 and 1 (or 0% and 100%), got {raw!r}; "
+            "0 asks before every release, 1 never asks")
+    return share
+
+
+PARSERS = {"epsilon": parse_epsilon, "delta": parse_delta, "strategy": parse_strategy,
+           "confirm_share": parse_share}
+
+
+class ShellState:
+    """The session, the privacy settings, the table in use and its cached budget."""
+
+    def __init__(self, session, *, epsilon=None, delta=None, strategy: str = "auto",
+                 confirm_share: Fraction = DEFAULT_CONFIRM_SHARE, interactive: bool = True):
+        self.session = session
+        self.epsilon: Fraction | None = epsilon
+        self.delta: Fraction | None = delta
+        self.strategy = strategy
+        self.confirm_share = confirm_share
+        self.interactive = interactive
+        self.table: str | None = None      # the table in use (last queried)
+        self.budget: dict | None = None    # its cached budget (refresh())
+        self.policies: dict = {}           # protected tables (refresh())
+
+    def set(self, name: str, text: str) -> str:
+        """Validate and store one setting; return how it now reads."""
+        key = name.strip().lower()
+        if key not in PARSERS:
+            raise DpsqlError(f"unknown setting {name.strip()!r}; settings are "
+                             f"{', '.join(SETTINGS)}")
+        if not str(text).strip():
+            raise DpsqlError(f"\\set {key} needs a value, e.g. {self.example(key)}")
+        setattr(self, key, PARSERS[key](text))
+        return self.show(key)
+
+    @staticmethod
+    def example(key: str) -> str:
+        return {"epsilon": "\\set epsilon 0.1", "delta": "\\set delta 1e-6",
+                "strategy": "\\set strategy auto", "confirm_share": "\\set confirm_share 25%"
+                }[key]
+
+    def show(self, key: str) -> str:
+        value = getattr(self, key)
+        if value is None:
+            return f"{key} is not set"
+        if key == "confirm_share":
+            return f"{key} = {show_exact(value)} ({float(value) * 100:g}% of the remaining epsilon)"
+        return f"{key} = {show_exact(value) if isinstance(value, Fraction) else value}"
+
+    def privacy(self) -> tuple[Fraction, Fraction]:
+        """(epsilon, delta) to spend, or a refusal that says how to set them."""
+        missing = [k for k in ("epsilon", "delta") if getattr(self, k) is None]
+        if missing:
+            how = ("\\set epsilon 0.1 and \\set delta 1e-6, or start the shell with "
+                   "--epsilon 0.1 --delta 1e-6" if self.interactive else
+                   "pass --epsilon 0.1 --delta 1e-6 (your own values)")
+            raise PrivacyParameterError(
+                f"{' and '.join(missing)} not set: there is no safe default for what a "
+                f"query may spend; choose it first, e.g. {how}")
+        return self.epsilon, self.delta
+
+    def refresh(self) -> None:
+        """Reload the protected tables and the budget of the table in use."""
+        self.policies = self.session.policies()
+        if self.table not in self.policies:
+            self.table = next(iter(self.policies)) if len(self.policies) == 1 else None
+        self.budget = self.session.budget(self.table) if self.table else None
+
+    def use(self, table: str | None) -> None:
+        if table:
+            self.table = table.lower()
+        self.refresh()
