@@ -1,6 +1,7 @@
 """The ``dpsql`` command line.
 
     dpsql demo [--db PATH]
+    dpsql shell DB [-e SQL] [-f FILE] [--csv] [--epsilon E] [--delta D]
     dpsql protect DB POLICY.toml [--table T] [--replace]
     dpsql run DB SCRIPT.sql [--epsilon E] [--delta D] [--strategy S] [--calibration C]
                             [--release NAME] [--replace] [--dry-run] [--csv | --quiet]
@@ -98,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("budget", help="spent and remaining budget per protected table")
     b.add_argument("db")
+    sh = sub.add_parser("shell", help="interactive shell (dpsql shell DB --help)",
+                        add_help=False)
+    sh.add_argument("argv", nargs=argparse.REMAINDER)
     lg = sub.add_parser("ledger", help="every release charged to the database")
     lg.add_argument("db")
     return parser
@@ -119,6 +123,11 @@ def _require_db(path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["shell"]:  # the shell parses its own options (including --help)
+        from . import shell
+
+        return shell.main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return _dispatch(args)
@@ -134,6 +143,10 @@ def main(argv: list[str] | None = None) -> int:
 def _dispatch(args) -> int:
     from .session import connect
 
+    if args.command == "shell":
+        from . import shell
+
+        return shell.main(args.argv)
     if args.command == "demo":
         return demo(args.db)
     if args.command == "protect":

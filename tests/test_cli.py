@@ -75,3 +75,10 @@ def test_protect_explain_run_budget_ledger(tmp_path):
 def test_missing_database_is_a_clear_error(tmp_path):
     out = dpsql("budget", tmp_path / "nope.duckdb")
     assert out.returncode == 2 and "does not exist" in out.stderr
+
+
+def test_shell_subcommand_is_wired(tmp_path):
+    out = dpsql("shell", "--help")
+    assert out.returncode == 0 and "--epsilon" in out.stdout
+    out = dpsql("shell", tmp_path / "missing.duckdb", "-e", "\\budget")
+    assert out.returncode == 2 and "does not exist" in out.stderr

@@ -105,3 +105,26 @@ def test_docs_snippets_run(tmp_path):
     ledger = dpsql("ledger", tmp_path / "census.duckdb").stdout
     assert "weekly_seniors" in ledger
     assert (tmp_path / "weekly.csv").read_text().startswith("release,table,")
+
+
+def test_readme_interface_examples_run(tmp_path):
+    """The ```sh and ```python blocks of the README's "Three ways in", in order, on a demo
+    database built as the README says."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split("## Three ways in", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```(sh|python)\n(.*?)```", section, flags=re.S)
+    assert len(blocks) >= 3
+    (tmp_path / "sql").symlink_to(ROOT / "sql")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    wrapper = bindir / "dpsql"
+    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m dpsql "$@"\n')
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IEXEC)
+    env = dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    assert run(["dpsql", "demo", "--db", "census.duckdb"], tmp_path, env=env).returncode == 0
+    for lang, code in blocks:
+        args = ["bash", "-e", "-c", code] if lang == "sh" else [sys.executable, "-c", code]
+        out = run(args, tmp_path, env=env)
+        assert out.returncode == 0, f"{code}\n--- stdout\n{out.stdout}\n--- stderr\n{out.stderr}"
+    ledger = dpsql("ledger", tmp_path / "census.duckdb").stdout
+    assert ledger.count("adult") >= 4  # demo, shell, script, two DB-API executes
