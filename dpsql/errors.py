@@ -61,15 +61,15 @@ class BudgetExceededError(DpsqlError):
         self.requested = requested
         self.limit = limit
         super().__init__(
-            f"budget exceeded on table {table!r}: {quantity} spent {_fmt(spent)}, "
-            f"requested {_fmt(requested)}, limit {_fmt(limit)} "
-            f"(remaining {_fmt(limit - spent)}); nothing was charged or released"
+            f"budget exceeded on table {table!r}: {quantity} spent {show_exact(spent)}, "
+            f"requested {show_exact(requested)}, limit {show_exact(limit)} "
+            f"(remaining {show_exact(limit - spent)}); nothing was charged or released"
         )
 
 
-def _fmt(value: Fraction) -> str:
+def show_exact(value) -> str:
     """Show an exact budget value readably: a short decimal when exact, else num/den."""
-    f = Fraction(value)
+    f = Fraction(repr(value)) if isinstance(value, float) else Fraction(value)
     if f == 0:
         return "0"
     for digits in range(1, 18):

@@ -8,24 +8,14 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+from ..errors import show_exact  # noqa: F401  (re-exported for the shell modules)
+
 from ..accounting import validate_delta, validate_epsilon
 from ..errors import DpsqlError, PrivacyParameterError, StrategyError
 from ..strategies import REGISTRY
 
 DEFAULT_CONFIRM_SHARE = Fraction(1, 4)
 SETTINGS = ("epsilon", "delta", "strategy", "confirm_share")
-
-
-def show_exact(value) -> str:
-    """An exact value as a short decimal when one is exact, else ``num/den``."""
-    f = Fraction(repr(value)) if isinstance(value, float) else Fraction(value)
-    if f == 0:
-        return "0"
-    for digits in range(1, 18):
-        s = f"{float(f):.{digits}g}"
-        if Fraction(s) == f:
-            return s
-    return f"{float(f):.6g} (exactly {f.numerator}/{f.denominator})"
 
 
 def _number(text: str, name: str, example: str) -> Fraction:
