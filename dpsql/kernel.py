@@ -17,8 +17,9 @@ budget stays spent (never a free retry of fresh noise).
 
 Exactness of ``A x``: the sampler rounds ``A x`` to its grid and adds exact lattice noise,
 with the rounding charged in the sensitivity (see :mod:`dpsql.noise`). That argument needs
-``A x`` computed exactly; it is for integer-valued strategies (``identity``, ``workload``)
-and integer counts below 2**53, so the kernel refuses other plans rather than risk a
+``A x`` computed exactly: plans carry entries on the 2**-20 grid with magnitude at most 1
+(:func:`dpsql.strategies.base.make_plan`), which makes float64 products exact for tables
+of fewer than 2**32 rows; the kernel refuses any other plan rather than risk a
 floating-point leak.
 """
 
@@ -27,13 +28,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import scipy.sparse as sp
 
 from . import engine, ledger
 from .errors import StrategyError
 from .noise import SecureGaussianSampler
-from .strategies.base import Plan
+from .strategies.base import EXACT_ROWS, QUANTUM_BITS, Plan
 
-_EXACT_LIMIT = 2.0 ** 52
+
+
+def _on_grid(A) -> bool:
+    """Entries are multiples of 2**-20 with magnitude <= 1 (None is the identity)."""
+    if A is None:
+        return True
+    data = A.data if sp.issparse(A) else np.asarray(A)
+    scaled = data * float(2 ** QUANTUM_BITS)
+    return bool(np.all(np.abs(data) <= 1) and np.all(scaled == np.round(scaled)))
 
 
 @dataclass(frozen=True)
@@ -58,18 +68,19 @@ class Kernel:
 
     def release(self, con, policy, workload, plan: Plan, sigma: float,
                 request: ledger.Charge) -> Measurement:
-        if not plan.integral:
+        if not plan.integral or not _on_grid(plan.A):
             raise StrategyError(
-                f"strategy {plan.strategy!r} has non-integer coefficients; the kernel only "
-                "releases plans whose products A x are computed exactly")
+                f"strategy {plan.strategy!r} is not on the exact 2**-20 grid; the kernel "
+                "only releases plans whose products A x are computed exactly")
         if not (np.isfinite(sigma) and sigma > 0):
             raise StrategyError("internal error: the noise scale must be positive and finite")
         columns = [(p.column, policy.column(p.column), p.unit_to_part)
                    for p in workload.partitions]
         release_id, names = ledger.charge(con, policy, request)   # committed here
         x = engine.data_vector(con, policy.table, columns, workload.n_cells)
-        if x.sum() >= _EXACT_LIMIT:
-            raise StrategyError("the table is too large for exact products (over 2**52 rows)")
+        if x.sum() >= EXACT_ROWS:
+            raise StrategyError("the table is too large for exact products (2**32 rows or "
+                                "more); this release was charged and nothing was released")
         values = plan.measure(x)
         del x
         y, grid = self.sampler.sample(values, sigma, sensitivity=plan.sensitivity)

@@ -8,6 +8,7 @@ cell count by 1, so ``A x`` moves by one column of ``A``). Li & Miklau, *Eigen-D
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -15,15 +16,24 @@ import numpy as np
 import scipy.sparse as sp
 
 
+#: strategy entries are multiples of 2**-QUANTUM_BITS with |entry| <= 1 (see make_plan)
+QUANTUM_BITS = 20
+#: with such entries, A @ x is exact in float64 while the table has fewer rows than this
+EXACT_ROWS = 2 ** (52 - QUANTUM_BITS)
+
+
 @dataclass(frozen=True)
 class Plan:
-    """A measurement plan: ``y = A x + noise``, answered by least squares."""
+    """A measurement plan: ``y = A x + noise``, answered by least squares.
+
+    Build it with :func:`make_plan`, which puts ``A`` on the exact grid the kernel needs.
+    """
 
     strategy: str
     n: int                                  # number of cells
     A: sp.csr_matrix | np.ndarray | None    # None: the identity on the n cells
-    sensitivity: float                      # L2: largest column norm of A
-    integral: bool = True                   # A has integer entries, so A @ x is exact
+    sensitivity: float                      # L2: largest column norm of A (rounded up)
+    integral: bool = True                   # entries on the 2**-20 grid, |entry| <= 1
     notes: tuple = field(default=())
 
     @property
@@ -35,6 +45,55 @@ class Plan:
         if self.A is None:
             return np.array(x, dtype=np.float64, copy=True)
         return np.asarray(self.A @ x, dtype=np.float64).reshape(-1)
+
+
+def make_plan(strategy: str, A, notes: tuple = ()) -> Plan:
+    """A plan for any real strategy matrix, made exact for the kernel.
+
+    ``A`` is scaled so its largest entry has magnitude 1 (the matrix mechanism's error does
+    not depend on the scale of ``A``: σ scales with the sensitivity and ``A⁺`` inversely)
+    and rounded to multiples of 2**-20. The rounded matrix *is* the strategy from then on:
+    its sensitivity, least squares and error are all computed for it. With entries
+    ``m·2**-20``, ``|m| <= 2**20``, and integer counts summing to fewer than 2**32, every
+    partial sum of ``A @ x`` is a multiple of 2**-20 below 2**52 in magnitude, so float64
+    computes it exactly, in any order: the sampler's rounding argument (noise.py) needs that.
+    """
+    dense = not sp.issparse(A)
+    M = np.asarray(A, dtype=float) if dense else sp.csr_matrix(A, dtype=float)
+    data = M if dense else M.data
+    if data.size == 0 or not np.all(np.isfinite(data)):
+        raise ValueError(f"strategy {strategy!r}: the matrix is empty or not finite")
+    top = float(np.abs(data).max())
+    if top == 0:
+        raise ValueError(f"strategy {strategy!r}: the matrix is zero")
+    q = float(2 ** QUANTUM_BITS)
+    if dense:
+        M = np.round(M / top * q) / q
+        M = M[np.any(M != 0, axis=1)]           # rows rounded to zero measure nothing
+    else:
+        M = M.multiply(1.0 / top).tocsr()
+        M.data = np.round(M.data * q) / q
+        M.eliminate_zeros()
+        M = M[np.diff(M.indptr) > 0]
+    return Plan(strategy, M.shape[1], M, exact_l2_sensitivity(M), integral=True, notes=notes)
+
+
+def exact_l2_sensitivity(A) -> float:
+    """Largest column L2 norm of a matrix on the 2**-20 grid, computed exactly, rounded up."""
+    q = 2 ** QUANTUM_BITS
+    if sp.issparse(A):
+        C = sp.csc_matrix(A)
+        best = 0
+        for j in range(C.shape[1]):
+            col = np.rint(C.data[C.indptr[j]:C.indptr[j + 1]] * q).astype(np.int64)
+            best = max(best, int(np.dot(col, col)))  # < 2**62 for fewer than 2**22 rows
+    else:
+        M = np.rint(np.asarray(A) * q).astype(np.int64)
+        best = int((M * M).sum(axis=0, dtype=np.int64).max()) if M.size else 0
+    root = math.isqrt(best)
+    if root * root < best:
+        root += 1
+    return math.nextafter(root / q, math.inf) if root else 0.0
 
 
 def l2_sensitivity(A) -> float:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import scipy.sparse as sp
 
 from ..errors import StrategyError
-from .base import Plan, l2_sensitivity
+from .base import Plan, l2_sensitivity, make_plan
 
 
 class WorkloadStrategy:
@@ -24,6 +24,4 @@ class WorkloadStrategy:
             raise StrategyError(
                 "the workload strategy cannot measure a batch whose queries select no cell "
                 "(every answer is 0 whatever the data); use strategy='identity'")
-        integral = bool(sp.issparse(W) and (W.data == W.data.round()).all())
-        return Plan("workload", W.shape[1], sp.csr_matrix(W, dtype=float), sens,
-                    integral=integral)
+        return make_plan("workload", sp.csr_matrix(W, dtype=float))
