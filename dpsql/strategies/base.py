@@ -9,6 +9,7 @@ cell count by 1, so ``A x`` moves by one column of ``A``). Li & Miklau, *Eigen-D
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -90,10 +91,12 @@ def exact_l2_sensitivity(A) -> float:
     else:
         M = np.rint(np.asarray(A) * q).astype(np.int64)
         best = int((M * M).sum(axis=0, dtype=np.int64).max()) if M.size else 0
-    root = math.isqrt(best)
-    if root * root < best:
-        root += 1
-    return math.nextafter(root / q, math.inf) if root else 0.0
+    if best == 0:
+        return 0.0
+    root = math.sqrt(best)                       # then the smallest double with root² >= best
+    while Fraction(root) ** 2 < best:
+        root = math.nextafter(root, math.inf)
+    return root / q                              # exact: q is a power of two
 
 
 def l2_sensitivity(A) -> float:
