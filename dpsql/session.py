@@ -27,7 +27,7 @@ from .policy import TablePolicy, load_policy
 from .results import Candidate, Explanation, Release, ResultTable, build_columns
 from .sql.compile import Workload, compile_workload
 from .sql.parse import parse_batch
-from .strategies import AUTO_CANDIDATES, REGISTRY
+from .strategies import AUTO_CANDIDATES, REGISTRY, WorkloadInfo
 
 CALIBRATIONS = ("analytic", "classic")
 
@@ -94,7 +94,7 @@ class Session:
             policy, queries, workload = self._compile(sql, policies)
             names_given = self._check_targets(con, queries, policies, replace)
             expl = self._select(policy, workload, eps, dlt, strategy, calibration)
-            chosen = REGISTRY[expl.strategy].plan(workload.W)
+            chosen = REGISTRY[expl.strategy].plan(_info(workload))
             solver = LeastSquares(chosen)
             cost = PrivacyCost(eps, dlt)
             check_budget(policy.table, ledger.spent(con, policy.table), cost,
@@ -264,7 +264,7 @@ class Session:
 
     @staticmethod
     def _candidate(name: str, workload: Workload, eps, dlt, calibration) -> Candidate:
-        plan = REGISTRY[name].plan(workload.W)
+        plan = REGISTRY[name].plan(_info(workload))
         solver = LeastSquares(plan)
         factors = solver.error_factors(workload.W)
         sigma = calibrate_with_rounding(float(eps), float(dlt), plan.sensitivity,
@@ -320,6 +320,15 @@ class Session:
                 pass
             raise
         return results
+
+
+def _info(workload: Workload) -> WorkloadInfo:
+    """The public structure strategies see (cached on the compiled workload)."""
+    info = getattr(workload, "_strategy_info", None)
+    if info is None:
+        info = WorkloadInfo.from_matrix(workload.W, workload.shape)
+        object.__setattr__(workload, "_strategy_info", info)
+    return info
 
 
 class InterruptedAfterRelease(KeyboardInterrupt):

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .base import Plan, Strategy, exact_l2_sensitivity, l2_sensitivity, make_plan
+from .base import (Plan, Strategy, WorkloadInfo, exact_l2_sensitivity, l2_sensitivity,
+                   make_plan)
 from .identity import IdentityStrategy
 from .workload import WorkloadStrategy
 
@@ -14,5 +15,5 @@ REGISTRY: dict[str, Strategy] = {
 #: candidates ``auto`` compares, in order of preference on ties
 AUTO_CANDIDATES = ("identity", "workload")
 
-__all__ = ["AUTO_CANDIDATES", "Plan", "REGISTRY", "Strategy", "exact_l2_sensitivity",
+__all__ = ["AUTO_CANDIDATES", "Plan", "REGISTRY", "Strategy", "WorkloadInfo", "exact_l2_sensitivity",
            "l2_sensitivity", "make_plan"]

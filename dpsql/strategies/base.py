@@ -108,9 +108,46 @@ def l2_sensitivity(A) -> float:
     return float(col.max()) if col.size else 0.0
 
 
+class WorkloadInfo:
+    """What a strategy may know about a workload: public structure only.
+
+    ``shape`` is the number of parts per used column (cells in C order, first column
+    slowest; ``prod(shape) == n``). ``W`` holds the explicit rows when there are any (from
+    SQL); a synthetic workload (benchmarks) may give only its Gram matrix ``V = WᵀW`` and
+    ``m``. ``V`` is computed once, on first use.
+    """
+
+    def __init__(self, n: int, shape: tuple = (), W=None, V=None, m: int | None = None):
+        self.n = int(n)
+        self.shape = tuple(int(k) for k in shape) if shape else (self.n,)
+        if int(np.prod(self.shape, dtype=np.int64)) != self.n:
+            raise ValueError(f"shape {self.shape} does not multiply to n = {self.n}")
+        self.W = None if W is None else sp.csr_matrix(W, dtype=float)
+        if self.W is None and V is None:
+            raise ValueError("a workload needs its rows W or its Gram matrix V")
+        self._V = None if V is None else np.asarray(V, dtype=float)
+        self.m = int(m if m is not None else self.W.shape[0])
+
+    @classmethod
+    def from_matrix(cls, W, shape: tuple = ()) -> "WorkloadInfo":
+        return cls(W.shape[1], shape, W=W)
+
+    @property
+    def V(self) -> np.ndarray:
+        """The Gram matrix ``WᵀW`` (dense n x n)."""
+        if self._V is None:
+            self._V = np.asarray((self.W.T @ self.W).toarray(), dtype=float)
+        return self._V
+
+
 class Strategy(Protocol):
-    """What every strategy offers: a name and ``plan(W)``."""
+    """What every strategy offers: a name and ``plan(workload)``.
+
+    ``plan`` takes a :class:`WorkloadInfo` and returns a :class:`Plan` built with
+    :func:`make_plan` (or the identity). It raises :class:`dpsql.errors.StrategyError` when
+    the strategy does not apply (``auto`` then skips it). Pure: public inputs only.
+    """
 
     name: str
 
-    def plan(self, W: sp.csr_matrix) -> Plan: ...
+    def plan(self, workload: WorkloadInfo) -> Plan: ...

@@ -8,13 +8,11 @@ sensitivity is 1 and ``y = x + N(0, σ²I)`` with σ calibrated for Δ = 1 is (�
 
 from __future__ import annotations
 
-import scipy.sparse as sp
-
-from .base import Plan
+from .base import Plan, WorkloadInfo
 
 
 class IdentityStrategy:
     name = "identity"
 
-    def plan(self, W: sp.csr_matrix) -> Plan:
-        return Plan("identity", W.shape[1], None, 1.0, integral=True)
+    def plan(self, workload: WorkloadInfo) -> Plan:
+        return Plan("identity", workload.n, None, 1.0, integral=True)

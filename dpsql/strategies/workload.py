@@ -12,13 +12,16 @@ from __future__ import annotations
 import scipy.sparse as sp
 
 from ..errors import StrategyError
-from .base import Plan, l2_sensitivity, make_plan
+from .base import Plan, WorkloadInfo, l2_sensitivity, make_plan
 
 
 class WorkloadStrategy:
     name = "workload"
 
-    def plan(self, W: sp.csr_matrix) -> Plan:
+    def plan(self, workload: WorkloadInfo) -> Plan:
+        W = workload.W
+        if W is None:
+            raise StrategyError("the workload strategy needs the workload's rows")
         sens = l2_sensitivity(W)
         if sens == 0:
             raise StrategyError(
