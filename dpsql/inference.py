@@ -5,13 +5,19 @@ For ``y = A x + N(0, σ² I)`` the least-squares estimate is ``x̂ = A⁺ y`` an
 with covariance ``σ² W (AᵀA)⁺ Wᵀ`` (Li & Miklau, Eigen-Design §2). The *error factors* are
 the diagonal of ``W (AᵀA)⁺ Wᵀ``: per-answer variance in units of σ².
 
-The identity plan has closed forms (``x̂ = y``; factor = ``||W_i||²``). Other plans use one
-thin SVD ``A = U S Vᵀ``: ``x̂ = V S⁻¹ Uᵀ y`` and ``W (AᵀA)⁺ Wᵀ = (W V S⁻¹)(W V S⁻¹)ᵀ``.
+Three paths, chosen by the plan:
+
+- identity: ``x̂ = y``; factor = ``||W_i||²``;
+- full column rank (most optimised strategies): Cholesky ``AᵀA = R Rᵀ``; then
+  ``x̂ = (AᵀA)⁻¹ Aᵀ y`` and the factors are the squared row norms of ``W R⁻ᵀ``;
+- otherwise one thin SVD ``A = U S Vᵀ``: ``x̂ = V S⁻¹ Uᵀ y``, factors from ``W V S⁻¹``,
+  with a check that ``W`` lies in the row space of ``A``.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import scipy.linalg as la
 import scipy.sparse as sp
 
 from .errors import StrategyError
@@ -19,6 +25,12 @@ from .strategies.base import Plan
 
 #: largest p * n * min(p, n) for which a dense SVD of A is attempted (about 10 s on 2 cores)
 MAX_SVD_WORK = 2e10
+#: largest n for the Cholesky path (an n x n dense Gram matrix)
+MAX_DENSE_CELLS = 8192
+
+
+def _dense(A) -> np.ndarray:
+    return A.toarray() if sp.issparse(A) else np.asarray(A, dtype=float)
 
 
 class LeastSquares:
@@ -27,24 +39,38 @@ class LeastSquares:
     def __init__(self, plan: Plan):
         self.plan = plan
         self._svd = None
-        if plan.A is not None:
-            p, n = plan.A.shape
-            if float(p) * n * min(p, n) > MAX_SVD_WORK:
-                raise StrategyError(
-                    f"strategy {plan.strategy!r}: a {p} x {n} strategy is too large for dense "
-                    "least squares here; use strategy='identity' or a smaller batch")
-            dense = plan.A.toarray() if sp.issparse(plan.A) else np.asarray(plan.A, float)
-            U, s, Vt = np.linalg.svd(dense, full_matrices=False)
-            tol = s.max(initial=0.0) * max(dense.shape) * np.finfo(float).eps
-            keep = s > tol
-            self._svd = (U[:, keep], s[keep], Vt[keep])
+        self._chol = None
+        if plan.A is None:
+            return
+        p, n = plan.A.shape
+        if p >= n and n <= MAX_DENSE_CELLS:
+            G = plan.A.T @ plan.A
+            G = G.toarray() if sp.issparse(G) else np.asarray(G)
+            try:
+                c, low = la.cho_factor(G, lower=True, check_finite=False)
+                # a Cholesky factor of an ill-conditioned Gram matrix is not trusted
+                d = np.abs(np.diag(c))
+                if d.min() > 1e-7 * d.max():
+                    self._chol = (c, low)
+                    return
+            except la.LinAlgError:
+                pass
+        if float(p) * n * min(p, n) > MAX_SVD_WORK:
+            raise StrategyError(
+                f"strategy {plan.strategy!r}: a rank-deficient {p} x {n} strategy is too large "
+                "for dense least squares here; use strategy='identity' or a smaller batch")
+        dense = _dense(plan.A)
+        U, s, Vt = np.linalg.svd(dense, full_matrices=False)
+        tol = s.max(initial=0.0) * max(dense.shape) * np.finfo(float).eps
+        keep = s > tol
+        self._svd = (U[:, keep], s[keep], Vt[keep])
 
     def _check_support(self, W) -> None:
         """Every query must be estimable: its row lies in the row space of A."""
         if self._svd is None:
             return
         _, _, Vt = self._svd
-        Wd = W.toarray() if sp.issparse(W) else np.asarray(W, float)
+        Wd = _dense(W)
         resid = Wd - (Wd @ Vt.T) @ Vt
         scale = max(1.0, float(np.abs(Wd).max(initial=0.0)))
         if np.abs(resid).max(initial=0.0) > 1e-8 * scale * max(1, Wd.shape[1]):
@@ -54,18 +80,37 @@ class LeastSquares:
 
     def error_factors(self, W) -> np.ndarray:
         """Diagonal of ``W (AᵀA)⁺ Wᵀ``: per-answer variance divided by σ²."""
-        if self._svd is None:
+        if self.plan.A is None:
             Ws = sp.csr_matrix(W)
             return np.asarray(Ws.multiply(Ws).sum(axis=1), dtype=float).reshape(-1)
+        if self._chol is not None:
+            c, low = self._chol
+            # rows of W R^-T: solve R B = W^T (R lower-triangular Cholesky factor)
+            B = la.solve_triangular(c, _dense(W).T, lower=low, check_finite=False)
+            return (B ** 2).sum(axis=0)
         self._check_support(W)
         _, s, Vt = self._svd
         B = np.asarray(W @ Vt.T) / s
         return (B ** 2).sum(axis=1)
 
+    def total_error_factor(self, V: np.ndarray) -> float:
+        """``tr(V (AᵀA)⁺)``: the workload's total squared error divided by σ² (from V alone)."""
+        if self.plan.A is None:
+            return float(np.trace(V))
+        if self._chol is not None:
+            c, low = self._chol
+            return float(np.trace(la.cho_solve((c, low), V, check_finite=False)))
+        _, s, Vt = self._svd
+        return float(np.trace((Vt / s[:, None] ** 2).T @ Vt @ V))
+
     def answers(self, W, y: np.ndarray) -> np.ndarray:
         """``W x̂`` with ``x̂ = A⁺ y``."""
-        if self._svd is None:
+        if self.plan.A is None:
             return np.asarray(W @ y, dtype=float).reshape(-1)
+        if self._chol is not None:
+            x_hat = la.cho_solve(self._chol, np.asarray(self.plan.A.T @ y).reshape(-1),
+                                 check_finite=False)
+            return np.asarray(W @ x_hat, dtype=float).reshape(-1)
         U, s, Vt = self._svd
         x_hat = Vt.T @ ((U.T @ y) / s)
         return np.asarray(W @ x_hat, dtype=float).reshape(-1)

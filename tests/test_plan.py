@@ -34,3 +34,27 @@ def test_kernel_refuses_plans_off_the_grid():
     plan = Plan("bad", 2, A, exact_l2_sensitivity(np.round(A * 2**20) / 2**20))
     with pytest.raises(StrategyError, match="grid"):
         Kernel().release(None, None, None, plan, 1.0, None)
+
+
+@pytest.mark.parametrize("rank_deficient", [False, True])
+def test_least_squares_paths_agree_with_dense_pinv(rank_deficient):
+    from dpsql.inference import LeastSquares
+
+    rng = np.random.default_rng(5)  # test data only
+    n = 12
+    A = rng.normal(size=(20, n))
+    if rank_deficient:
+        A[:, -1] = A[:, 0]          # two identical columns: rank n - 1
+    plan = make_plan("t", A)
+    M = plan.A
+    W = rng.integers(0, 2, size=(7, n)).astype(float)
+    if rank_deficient:
+        W[:, -1] = W[:, 0]          # keep W in the row space of A
+    ls = LeastSquares(plan)
+    assert (ls._chol is None) == rank_deficient
+    pinv_gram = np.linalg.pinv(M.T @ M)
+    assert np.allclose(ls.error_factors(sp.csr_matrix(W)), np.diag(W @ pinv_gram @ W.T))
+    V = W.T @ W
+    assert ls.total_error_factor(V) == pytest.approx(np.trace(V @ pinv_gram), rel=1e-8)
+    y = rng.normal(size=M.shape[0])
+    assert np.allclose(ls.answers(sp.csr_matrix(W), y), W @ np.linalg.pinv(M) @ y)
