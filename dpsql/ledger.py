@@ -55,7 +55,8 @@ SCHEMA_SQL = [
         result_tables VARCHAR[],
         private BOOLEAN NOT NULL,
         status VARCHAR NOT NULL,
-        release_name VARCHAR UNIQUE)""",
+        release_name VARCHAR UNIQUE,
+        bound_ratio DOUBLE)""",
     """CREATE TABLE IF NOT EXISTS dpsql.release_tables (
         release_id BIGINT NOT NULL,
         statement_index INTEGER NOT NULL,
@@ -67,7 +68,7 @@ SCHEMA_SQL = [
 LEDGER_COLUMNS = (
     "release_id, created_at, table_name, epsilon, delta, mechanism, strategy, calibration, "
     "sigma, sensitivity, n_queries, n_cells, expected_rmse, sql_text, result_tables, private, "
-    "status, release_name"
+    "status, release_name, bound_ratio"
 )
 
 
@@ -144,6 +145,7 @@ class Charge:
     result_tables: object  # list of names, or a function release_id -> list of names
     private: bool
     release_name: str | None = None  # unique; re-running a named release never re-noises
+    bound_ratio: float | None = None  # expected RMSE / singular value bound RMSE
 
 
 def charge(con, policy: TablePolicy, request: Charge) -> tuple[int, list[str]]:
@@ -170,14 +172,14 @@ def charge(con, policy: TablePolicy, request: Charge) -> tuple[int, list[str]]:
                 "INSERT INTO dpsql.ledger (release_id, table_name, epsilon, delta, epsilon_exact,"
                 " delta_exact, rho, mechanism, strategy, calibration, sigma, sensitivity, "
                 "n_queries, n_cells, expected_rmse, sql_text, result_tables, private, status, "
-                "release_name) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'charged', ?)",
+                "release_name, bound_ratio) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'charged', ?, ?)",
                 [next_id, policy.table, float(request.cost.epsilon), float(request.cost.delta),
                  fraction_to_text(request.cost.epsilon), fraction_to_text(request.cost.delta),
                  request.rho, request.mechanism, request.strategy, request.calibration,
                  request.sigma, request.sensitivity, request.n_queries, request.n_cells,
                  request.expected_rmse, request.sql_text, names,
-                 request.private, request.release_name])
+                 request.private, request.release_name, request.bound_ratio])
             con.execute("COMMIT")
         return int(next_id), names
     except BaseException:

@@ -10,6 +10,7 @@ answers are linear in it). ``dpsql.release_tables`` links every table to its led
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,6 +30,10 @@ class Candidate:
     rmse: float
     stderr: np.ndarray = field(repr=False)
     note: str = ""
+    seconds: float = 0.0             # time to select (or load) the strategy
+    bound_ratio: float = math.nan    # expected RMSE / RMSE of the singular value bound
+    cached: bool = False             # loaded from the strategy cache
+    plan: object = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -46,20 +51,30 @@ class Explanation:
     n_cells: int
     candidates: tuple                # every strategy considered (Candidate)
     statements: tuple = ()           # (statement index, first row, stop row)
+    bound_rmse: float = math.nan     # RMSE of the singular value bound (no strategy beats it)
+
+    @property
+    def bound_ratio(self) -> float:
+        return self.rmse / self.bound_rmse if self.bound_rmse > 0 else math.nan
 
     def __str__(self) -> str:
         lines = [
             f"table {self.table}: {self.n_queries} queries over {self.n_cells} cells; "
-            f"epsilon={self.epsilon:g}, delta={self.delta:g}",
-            f"{'strategy':<12} {'sigma':>10} {'sensitivity':>12} {'expected RMSE':>14}",
+            f"epsilon={self.epsilon:g}, delta={self.delta:g}; lower bound (svdb) RMSE "
+            f"{self.bound_rmse:.4g}",
+            f"{'strategy':<12} {'sigma':>10} {'sensitivity':>11} {'expected RMSE':>14} "
+            f"{'x bound':>8} {'seconds':>8}",
         ]
         for c in self.candidates:
             mark = " <- chosen" if c.strategy == self.strategy else ""
             if np.isfinite(c.rmse):
-                lines.append(f"{c.strategy:<12} {c.sigma:>10.4g} {c.sensitivity:>12.4g} "
-                             f"{c.rmse:>14.4g}{mark}")
+                cached = " (cached)" if c.cached else ""
+                lines.append(f"{c.strategy:<12} {c.sigma:>10.4g} {c.sensitivity:>11.4g} "
+                             f"{c.rmse:>14.4g} {c.bound_ratio:>8.3f} {c.seconds:>8.2f}"
+                             f"{mark}{cached}")
             else:
-                lines.append(f"{c.strategy:<12} {'-':>10} {'-':>12} {'n/a':>14}  {c.note}")
+                lines.append(f"{c.strategy:<12} {'-':>10} {'-':>11} {'n/a':>14} {'-':>8} "
+                             f"{c.seconds:>8.2f}  {c.note}")
         return "\n".join(lines)
 
 

@@ -11,12 +11,13 @@ import contextlib
 import math
 import signal
 import threading
+import time
 from fractions import Fraction
 from typing import Sequence
 
 import numpy as np
 
-from . import engine, ledger
+from . import engine, ledger, strategy_cache
 from .accounting import PrivacyCost, check_budget, validate_delta, validate_epsilon
 from .errors import (DpsqlError, PolicyError, PrivacyParameterError, StrategyError,
                      UnsupportedQueryError)
@@ -68,8 +69,8 @@ class Session:
         eps, dlt = self._privacy(epsilon, delta, calibration)
         with self.db.connect() as con:
             policies = ledger.load_policies(con)
-        policy, queries, workload = self._compile(sql, policies)
-        return self._select(policy, workload, eps, dlt, strategy, calibration)
+            policy, queries, workload = self._compile(sql, policies)
+            return self._select(policy, workload, eps, dlt, strategy, calibration, con)
 
     def answer(self, sql: str | Sequence[str], *, epsilon, delta, strategy: str = "auto",
                calibration: str = "analytic", replace: bool = False,
@@ -93,8 +94,9 @@ class Session:
             policies = ledger.load_policies(con)
             policy, queries, workload = self._compile(sql, policies)
             names_given = self._check_targets(con, queries, policies, replace)
-            expl = self._select(policy, workload, eps, dlt, strategy, calibration)
-            chosen = REGISTRY[expl.strategy].plan(_info(workload))
+            expl = self._select(policy, workload, eps, dlt, strategy, calibration, con)
+            best = next(c for c in expl.candidates if c.strategy == expl.strategy)
+            chosen = best.plan
             solver = LeastSquares(chosen)
             cost = PrivacyCost(eps, dlt)
             check_budget(policy.table, ledger.spent(con, policy.table), cost,
@@ -120,6 +122,7 @@ class Session:
                              + rounding_slack(expl.sigma, chosen.n_measurements)),
                 n_queries=workload.n_queries,
                 n_cells=workload.n_cells, expected_rmse=expl.rmse, sql_text=text,
+                bound_ratio=expl.bound_ratio,
                 result_tables=result_names, private=self.kernel.private, release_name=name)
             with _interrupts_deferred() as interrupted:
                 # from the charge to the committed result tables, Ctrl-C waits: a charged
@@ -262,26 +265,56 @@ class Session:
             names.add(t)
         return names
 
-    @staticmethod
-    def _candidate(name: str, workload: Workload, eps, dlt, calibration) -> Candidate:
-        plan = REGISTRY[name].plan(_info(workload))
+    def _plan(self, con, name: str, workload: Workload):
+        """(plan, seconds, cached): the strategy's plan, from the cache when it is costly."""
+        strategy = REGISTRY[name]
+        info = _info(workload)
+        started = time.perf_counter()
+        key = None
+        if getattr(strategy, "cacheable", False) and con is not None:
+            key = strategy_cache.fingerprint(name, strategy, info)
+            plan = strategy_cache.load(con, key)
+            if plan is not None:
+                return plan, time.perf_counter() - started, True
+        plan = strategy.plan(info)
+        seconds = time.perf_counter() - started
+        if key is not None:
+            strategy_cache.store(con, key, plan, seconds)
+        return plan, seconds, False
+
+    def _candidate(self, con, name: str, workload: Workload, eps, dlt, calibration,
+                   bound_total: float) -> Candidate:
+        plan, seconds, cached = self._plan(con, name, workload)
         solver = LeastSquares(plan)
         factors = solver.error_factors(workload.W)
         sigma = calibrate_with_rounding(float(eps), float(dlt), plan.sensitivity,
                                         plan.n_measurements, calibration)
         stderr = sigma * np.sqrt(np.maximum(factors, 0.0))
         rmse = float(np.sqrt(np.mean(stderr ** 2))) if len(stderr) else 0.0
-        return Candidate(name, sigma, plan.sensitivity, rmse, stderr)
+        ratio = rmse / _bound_rmse(eps, dlt, calibration, bound_total, workload)
+        return Candidate(name, sigma, plan.sensitivity, rmse, stderr, seconds=seconds,
+                         bound_ratio=ratio, cached=cached, plan=plan)
 
-    def _select(self, policy, workload, eps, dlt, strategy, calibration) -> Explanation:
+    def _select(self, policy, workload, eps, dlt, strategy, calibration,
+                con=None) -> Explanation:
         if not isinstance(strategy, str) or (strategy != "auto" and strategy not in REGISTRY):
             raise StrategyError(
                 f"unknown strategy {strategy!r}; choose 'auto' or one of {sorted(REGISTRY)}")
         names = AUTO_CANDIDATES if strategy == "auto" else (strategy,)
+        bound_total = svdb(_info(workload))
         candidates = []
         for name in names:
+            estimate = getattr(REGISTRY[name], "estimated_seconds", None)
+            seconds = estimate(_info(workload)) if estimate is not None else 0.0
+            if strategy == "auto" and seconds > AUTO_TIME_LIMIT:
+                candidates.append(Candidate(
+                    name, math.nan, math.nan, math.nan, np.zeros(0),
+                    note=f"skipped by auto: estimated {seconds:.0f} s to select, over the "
+                         f"{AUTO_TIME_LIMIT:.0f} s limit (ask for it by name)"))
+                continue
             try:
-                candidates.append(self._candidate(name, workload, eps, dlt, calibration))
+                candidates.append(self._candidate(con, name, workload, eps, dlt, calibration,
+                                                  bound_total))
             except StrategyError as exc:
                 if strategy != "auto":
                     raise
@@ -295,7 +328,9 @@ class Session:
         return Explanation(policy.table, float(eps), float(dlt), best.strategy, best.sigma,
                            best.rmse, best.stderr, workload.n_queries, workload.n_cells,
                            tuple(candidates),
-                           tuple((o.query.index, o.start, o.stop) for o in workload.outputs))
+                           tuple((o.query.index, o.start, o.stop) for o in workload.outputs),
+                           bound_rmse=_bound_rmse(eps, dlt, calibration, bound_total,
+                                                  workload))
 
     def _write(self, con, m, policy, queries, workload, answers, stderr, replace) -> list:
         results = []
@@ -320,6 +355,30 @@ class Session:
                 pass
             raise
         return results
+
+
+#: auto skips a strategy whose estimated selection time exceeds this many seconds
+AUTO_TIME_LIMIT = 20.0
+
+
+def svdb(info: WorkloadInfo) -> float:
+    """Singular value bound on ``tr(V (AᵀA)⁻¹)·||A||²``: ``(Σ √λᵢ(V))² / n`` (Li & Miklau).
+
+    With few queries the eigenvalues come from the m x m matrix ``W Wᵀ`` (same non-zero
+    spectrum), else from ``V``.
+    """
+    if info.W is not None and info.W.shape[0] < info.n:
+        gram = (info.W @ info.W.T).toarray()
+    else:
+        gram = info.V
+    lam = np.clip(np.linalg.eigvalsh(gram), 0.0, None)
+    return float(np.sqrt(lam).sum() ** 2 / info.n)
+
+
+def _bound_rmse(eps, dlt, calibration, bound_total: float, workload: Workload) -> float:
+    """The RMSE no strategy can beat at this calibration (sensitivity-1 noise scale)."""
+    sigma_1 = calibrate_with_rounding(float(eps), float(dlt), 1.0, 1, calibration)
+    return sigma_1 * math.sqrt(bound_total / max(1, workload.n_queries))
 
 
 def _info(workload: Workload) -> WorkloadInfo:

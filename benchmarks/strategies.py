@@ -1,0 +1,167 @@
+"""Error and selection time of every strategy on the benchmark workloads (issue 3's table).
+
+    python benchmarks/strategies.py [--quick] [--only NAME ...] [--max-n N]
+
+For each workload and strategy it prints the expected workload RMSE at ε = 0.5, δ = 1e-4
+with the paper's calibration σ = Δ·√(2 ln(2/δ))/ε (Li & Miklau; for comparability with the
+papers and the issue's reference values — dpsql itself releases with the analytic one),
+the RMSE of the singular value bound (svdb) and each strategy's ratio to it, and the time to
+select the strategy. Workloads: all-range queries on n ∈ {256, 1024, 2048, 4096}, prefix
+(CDF) queries on n = 1024, all 2-way marginals on 4 attributes of size 8, 64 random
+predicate queries on n = 64, the all-range workload with permuted cells, and three SQL
+batches on the Adult data. A benchmark, not a test: it always exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from dpsql.errors import StrategyError  # noqa: E402
+from dpsql.inference import LeastSquares  # noqa: E402
+from dpsql.strategies import REGISTRY, WorkloadInfo  # noqa: E402
+
+EPSILON, DELTA = 0.5, 1e-4
+SIGMA_1 = math.sqrt(2 * math.log(2 / DELTA)) / EPSILON   # paper's σ for sensitivity 1
+
+
+def all_range(n: int) -> WorkloadInfo:
+    i = np.arange(n)
+    V = (np.minimum.outer(i, i) + 1.0) * (n - np.maximum.outer(i, i))
+    return WorkloadInfo(n, (n,), V=V, m=n * (n + 1) // 2)
+
+
+def prefix(n: int) -> WorkloadInfo:
+    i = np.arange(n)
+    V = (n - np.maximum.outer(i, i)).astype(float)
+    return WorkloadInfo(n, (n,), V=V, m=n)
+
+
+def marginals_2way(k: int = 4, size: int = 8) -> WorkloadInfo:
+    shape = (size,) * k
+    n = size ** k
+    rows = []
+    for a, b in itertools.combinations(range(k), 2):
+        for va in range(size):
+            for vb in range(size):
+                mask = np.ones(shape, dtype=bool)
+                idx = [slice(None)] * k
+                idx[a] = va
+                sel = np.zeros(shape, dtype=bool)
+                idx2 = list(idx)
+                idx2[b] = vb
+                sel[tuple(idx2)] = True
+                rows.append(sel.reshape(-1) & mask.reshape(-1))
+    import scipy.sparse as sp
+    W = sp.csr_matrix(np.array(rows, dtype=float))
+    return WorkloadInfo(n, shape, W=W)
+
+
+def random_predicates(n: int = 64, m: int = 64, seed: int = 0) -> WorkloadInfo:
+    rng = np.random.default_rng(seed)  # benchmark data only
+    import scipy.sparse as sp
+    W = sp.csr_matrix((rng.random((m, n)) < 0.5).astype(float))
+    return WorkloadInfo(n, (n,), W=W)
+
+
+def permuted(info: WorkloadInfo, seed: int = 1) -> WorkloadInfo:
+    perm = np.random.default_rng(seed).permutation(info.n)  # benchmark data only
+    return WorkloadInfo(info.n, (info.n,), V=info.V[np.ix_(perm, perm)], m=info.m)
+
+
+ADULT_BATCHES = {
+    "adult: age ranges": "; ".join(
+        f"SELECT COUNT(*) FROM adult WHERE age BETWEEN {a} AND {b}"
+        for a in range(17, 90, 8) for b in range(a + 7, 91, 8)),
+    "adult: sex x race cube": "SELECT sex, race, income, COUNT(*) FROM adult "
+                              "GROUP BY CUBE(sex, race, income)",
+    "adult: education x hours": "SELECT education_num, COUNT(*) FROM adult GROUP BY "
+                                "education_num; SELECT hours_per_week, COUNT(*) FROM adult "
+                                "GROUP BY hours_per_week; SELECT education_num, hours_per_week,"
+                                " COUNT(*) FROM adult GROUP BY education_num, hours_per_week",
+}
+
+
+def adult_workloads() -> dict:
+    """Compile the SQL batches against the shipped policy (no data is read)."""
+    from importlib import resources
+
+    from dpsql.policy import load_policy
+    from dpsql.sql.compile import compile_workload
+    from dpsql.sql.parse import parse_batch
+
+    policy = load_policy(str(resources.files("dpsql") / "data" / "adult_policy.toml"))["adult"]
+    out = {}
+    for name, sql in ADULT_BATCHES.items():
+        w = compile_workload(parse_batch(sql, lambda t, node: policy), policy)
+        out[name] = WorkloadInfo.from_matrix(w.W, w.shape)
+    return out
+
+
+def svdb_total(info: WorkloadInfo) -> float:
+    lam = np.clip(np.linalg.eigvalsh(info.V), 0, None)
+    return float(np.sqrt(lam).sum() ** 2 / info.n)
+
+
+def evaluate(name: str, info: WorkloadInfo):
+    t = time.perf_counter()
+    plan = REGISTRY[name].plan(info)
+    seconds = time.perf_counter() - t
+    total = LeastSquares(plan).total_error_factor(info.V)
+    rmse = SIGMA_1 * plan.sensitivity * math.sqrt(total / info.m)
+    return rmse, seconds
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small workloads only (n <= 1024)")
+    ap.add_argument("--max-n", type=int, default=4096)
+    ap.add_argument("--only", nargs="*", help="strategies to run (default: all registered)")
+    args = ap.parse_args(argv)
+    max_n = min(args.max_n, 1024) if args.quick else args.max_n
+    workloads = {f"all-range n={n}": (lambda n=n: all_range(n)) for n in (256, 1024, 2048, 4096)}
+    workloads.update({
+        "prefix n=1024": lambda: prefix(1024),
+        "2-way marginals 8^4": marginals_2way,
+        "64 random predicates n=64": random_predicates,
+        "all-range n=1024 permuted": lambda: permuted(all_range(1024)),
+    })
+    names = args.only or list(REGISTRY)
+    print(f"epsilon={EPSILON}, delta={DELTA}, paper calibration; RMSE (ratio to svdb) "
+          "and selection seconds")
+    header = f"{'workload':<28} {'n':>5} {'svdb':>8}  " + "  ".join(f"{s:>20}" for s in names)
+    print(header)
+    print("-" * len(header))
+    items = list(workloads.items())
+    try:
+        items += [(k, (lambda v=v: v)) for k, v in adult_workloads().items()]
+    except Exception as exc:  # the SQL workloads need the shipped policy only
+        print(f"(Adult batches skipped: {exc})")
+    for label, build in items:
+        info = build()
+        if info.n > max_n:
+            continue
+        bound = SIGMA_1 * math.sqrt(svdb_total(info) / info.m)
+        cells = []
+        for name in names:
+            try:
+                rmse, seconds = evaluate(name, info)
+                cells.append(f"{rmse:8.2f} ({rmse / bound:4.2f}) {seconds:5.2f}s")
+            except StrategyError as exc:
+                cells.append(f"{'n/a':>20}")
+                print(f"  [{label}] {name}: {exc}", file=sys.stderr)
+        print(f"{label:<28} {info.n:>5} {bound:8.2f}  " + "  ".join(f"{c:>20}" for c in cells),
+              flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
