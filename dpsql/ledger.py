@@ -73,8 +73,10 @@ LEDGER_COLUMNS = (
 
 
 def ensure_schema(con) -> None:
+    from .strategy_cache import SCHEMA_SQL as CACHE_SQL
+
     with engine_errors("creating dpsql's metadata schema"):
-        for stmt in SCHEMA_SQL:
+        for stmt in SCHEMA_SQL + [CACHE_SQL]:
             con.execute(stmt)
 
 

@@ -61,7 +61,8 @@ def load(con, key: str) -> Plan | None:
         return None  # not a matrix this cache wrote: select afresh
     A = numerators.reshape(rows, n).astype(np.float64) / float(2 ** QUANTUM_BITS)
     return Plan(name, int(n), A, exact_l2_sensitivity(A), integral=True,
-                notes=tuple(tuple(x) for x in json.loads(notes)))
+                notes=tuple(tuple(x) if isinstance(x, list) else x
+                            for x in json.loads(notes)))
 
 
 def store(con, key: str, plan: Plan, seconds: float) -> None:
@@ -70,7 +71,8 @@ def store(con, key: str, plan: Plan, seconds: float) -> None:
         return
     A = plan.A.toarray() if hasattr(plan.A, "toarray") else np.asarray(plan.A)
     numerators = np.rint(A * float(2 ** QUANTUM_BITS)).astype(np.int32)
-    notes = json.dumps([list(x) for x in plan.notes], default=float)
+    notes = json.dumps([list(x) if isinstance(x, tuple) else x for x in plan.notes],
+                       default=float)
     with engine_errors("writing the strategy cache"):
         con.execute("CREATE SCHEMA IF NOT EXISTS dpsql")
         con.execute(SCHEMA_SQL)

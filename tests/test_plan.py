@@ -58,3 +58,31 @@ def test_least_squares_paths_agree_with_dense_pinv(rank_deficient):
     assert ls.total_error_factor(V) == pytest.approx(np.trace(V @ pinv_gram), rel=1e-8)
     y = rng.normal(size=M.shape[0])
     assert np.allclose(ls.answers(sp.csr_matrix(W), y), W @ np.linalg.pinv(M) @ y)
+
+
+def test_strategy_cache_returns_the_identical_plan_and_reverifies_it(tmp_path):
+    import duckdb
+
+    from dpsql import strategy_cache
+    from dpsql.strategies import REGISTRY, WorkloadInfo
+
+    n = 48
+    i = np.arange(n)
+    V = (np.minimum.outer(i, i) + 1.0) * (n - np.maximum.outer(i, i))
+    info = WorkloadInfo(n, (n,), V=V, m=n * (n + 1) // 2)
+    strategy = REGISTRY["eigen"]
+    plan = strategy.plan(info)
+    con = duckdb.connect(str(tmp_path / "c.duckdb"))
+    key = strategy_cache.fingerprint("eigen", strategy, info)
+    assert strategy_cache.load(con, key) is None
+    strategy_cache.store(con, key, plan, 1.0)
+    again = strategy_cache.load(con, key)
+    assert np.array_equal(again.A, plan.A) and again.sensitivity == plan.sensitivity
+    assert again.notes == plan.notes
+    other = WorkloadInfo(n, (n,), V=V + np.eye(n), m=info.m)
+    assert strategy_cache.fingerprint("eigen", strategy, other) != key
+    # a tampered entry cannot lower the sensitivity: it is recomputed on load
+    con.execute("UPDATE dpsql.strategy_cache SET matrix = ?", [(np.rint(
+        plan.A * 2 * 2 ** 20).clip(-2 ** 20, 2 ** 20)).astype(np.int32).tobytes()])
+    tampered = strategy_cache.load(con, key)
+    assert tampered.sensitivity > plan.sensitivity
