@@ -28,7 +28,7 @@ from .policy import TablePolicy, load_policy
 from .results import Candidate, Explanation, Release, ResultTable, build_columns
 from .sql.compile import Workload, compile_workload
 from .sql.parse import parse_batch
-from .strategies import AUTO_CANDIDATES, REGISTRY, WorkloadInfo
+from .strategies import AUTO_CANDIDATES, REGISTRY, WorkloadInfo, bounds
 
 CALIBRATIONS = ("analytic", "classic")
 
@@ -358,21 +358,19 @@ class Session:
 
 
 #: auto skips a strategy whose estimated selection time exceeds this many seconds
-AUTO_TIME_LIMIT = 20.0
+AUTO_TIME_LIMIT = 30.0
 
 
 def svdb(info: WorkloadInfo) -> float:
-    """Singular value bound on ``tr(V (AᵀA)⁻¹)·||A||²``: ``(Σ √λᵢ(V))² / n`` (Li & Miklau).
+    """Singular value bound on ``tr(V (AᵀA)⁻¹)·||A||²`` (:func:`strategies.bounds.svdb`).
 
     With few queries the eigenvalues come from the m x m matrix ``W Wᵀ`` (same non-zero
     spectrum), else from ``V``.
     """
     if info.W is not None and info.W.shape[0] < info.n:
-        gram = (info.W @ info.W.T).toarray()
-    else:
-        gram = info.V
-    lam = np.clip(np.linalg.eigvalsh(gram), 0.0, None)
-    return float(np.sqrt(lam).sum() ** 2 / info.n)
+        lam = np.linalg.eigvalsh((info.W @ info.W.T).toarray())
+        return bounds.svdb_from_eigenvalues(lam, info.n)
+    return bounds.svdb(info.V, info.n)
 
 
 def _bound_rmse(eps, dlt, calibration, bound_total: float, workload: Workload) -> float:
