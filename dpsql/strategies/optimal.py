@@ -424,8 +424,8 @@ class Optimal:
     cacheable = True   # selection costs seconds at n in the thousands: dpsql.strategy_cache
 
     def estimated_seconds(self, workload) -> float:
-        """About 0.5 s at n = 1024 on 2 cores; a few eigendecompositions, each ~n³."""
-        return 0.6 * (workload.n / 1024.0) ** 3
+        """Measured on 2 cores: 0.5-1 s at n = 1024, 10-29 s at n = 4096 (3 eigensolves)."""
+        return 0.45 * (workload.n / 1024.0) ** 3
 
     def __init__(self, tol: float = TOL, max_iterations: int = 100, symmetry: bool = True):
         self.tol, self.max_iterations, self.symmetry = float(tol), int(max_iterations), symmetry
