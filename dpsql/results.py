@@ -35,6 +35,15 @@ class Candidate:
     cached: bool = False             # loaded from the strategy cache
     plan: object = field(default=None, repr=False, compare=False)
 
+    @property
+    def gap(self) -> float:
+        """The certified relative duality gap of an optimised plan (nan when not reported)."""
+        notes = getattr(self.plan, "notes", ()) or ()
+        for note in notes:
+            if isinstance(note, tuple) and len(note) == 2 and note[0] == "gap":
+                return float(note[1])
+        return math.nan
+
 
 @dataclass(frozen=True)
 class Explanation:
@@ -69,9 +78,10 @@ class Explanation:
             mark = " <- chosen" if c.strategy == self.strategy else ""
             if np.isfinite(c.rmse):
                 cached = " (cached)" if c.cached else ""
+                gap = f" gap {c.gap:.1e}" if math.isfinite(c.gap) else ""
                 lines.append(f"{c.strategy:<12} {c.sigma:>10.4g} {c.sensitivity:>11.4g} "
                              f"{c.rmse:>14.4g} {c.bound_ratio:>8.3f} {c.seconds:>8.2f}"
-                             f"{mark}{cached}")
+                             f"{mark}{cached}{gap}")
             else:
                 lines.append(f"{c.strategy:<12} {'-':>10} {'-':>11} {'n/a':>14} {'-':>8} "
                              f"{c.seconds:>8.2f}  {c.note}")

@@ -305,3 +305,11 @@ def test_named_release_refuses_when_its_table_was_replaced(adult_db):
     with pytest.raises(dpsql.DpsqlError, match="already used"):
         adult_db.answer(sql.replace("CREATE", "CREATE OR REPLACE"), epsilon=0.1, delta=1e-7,
                         name="b", calibration="classic")
+
+
+def test_explain_reports_the_certified_gap_of_the_optimal_strategy(adult_db):
+    e = adult_db.explain("SELECT age, COUNT(*) FROM adult WHERE age < 60 GROUP BY age",
+                         epsilon=0.5, delta=1e-6, strategy="optimal")
+    (c,) = e.candidates
+    assert 0 <= c.gap <= 1e-5
+    assert "gap" in str(e) and c.bound_ratio >= 1 - 1e-9
