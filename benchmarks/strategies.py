@@ -28,21 +28,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from dpsql.errors import StrategyError  # noqa: E402
 from dpsql.inference import LeastSquares  # noqa: E402
 from dpsql.strategies import REGISTRY, WorkloadInfo  # noqa: E402
+from dpsql.workloads import all_range, prefix  # noqa: E402
 
 EPSILON, DELTA = 0.5, 1e-4
 SIGMA_1 = math.sqrt(2 * math.log(2 / DELTA)) / EPSILON   # paper's σ for sensitivity 1
 
 
-def all_range(n: int) -> WorkloadInfo:
-    i = np.arange(n)
-    V = (np.minimum.outer(i, i) + 1.0) * (n - np.maximum.outer(i, i))
-    return WorkloadInfo(n, (n,), V=V, m=n * (n + 1) // 2)
-
-
-def prefix(n: int) -> WorkloadInfo:
-    i = np.arange(n)
-    V = (n - np.maximum.outer(i, i)).astype(float)
-    return WorkloadInfo(n, (n,), V=V, m=n)
 
 
 def marginals_2way(k: int = 4, size: int = 8) -> WorkloadInfo:

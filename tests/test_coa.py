@@ -22,12 +22,10 @@ from dpsql.strategies.coa import COA
 from dpsql.strategies.identity import IdentityStrategy
 from dpsql.strategies.optimal import Optimal, solve
 from dpsql.strategies.workload import WorkloadStrategy
+from dpsql.workloads import all_range_gram
 
 
-def all_ranges(n: int) -> np.ndarray:
-    """Gram matrix of all n(n+1)/2 range queries over n ordered cells (closed form)."""
-    i = np.arange(n)
-    return (np.minimum.outer(i, i) + 1.0) * (n - np.maximum.outer(i, i))
+all_ranges = all_range_gram
 
 
 def range_rows(n: int, m: int, rng) -> np.ndarray:

@@ -20,20 +20,12 @@ from dpsql.inference import LeastSquares
 from dpsql.strategies.base import WorkloadInfo
 from dpsql.strategies.eigen import EigenDesign, complete_columns, eigen_queries
 from dpsql.strategies.program1 import solve_program1, solve_program1_cvxpy
+from dpsql.workloads import all_range, range_rows
 
 SIGMA_1 = math.sqrt(2 * math.log(2 / 1e-4)) / 0.5     # the paper's σ at ε = 0.5, δ = 1e-4
 
 
-def all_range_info(n: int) -> WorkloadInfo:
-    i = np.arange(n)
-    V = (np.minimum.outer(i, i) + 1.0) * (n - np.maximum.outer(i, i))
-    return WorkloadInfo(n, (n,), V=V, m=n * (n + 1) // 2)
-
-
-def range_rows(n: int) -> np.ndarray:
-    return np.array([[1.0 if a <= j <= b else 0.0 for j in range(n)]
-                     for a in range(n) for b in range(a, n)])
-
+all_range_info = all_range
 
 def marginals_2way(k: int, size: int) -> WorkloadInfo:
     shape = (size,) * k

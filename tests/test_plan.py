@@ -66,10 +66,11 @@ def test_strategy_cache_returns_the_identical_plan_and_reverifies_it(tmp_path):
     from dpsql import strategy_cache
     from dpsql.strategies import REGISTRY, WorkloadInfo
 
+    from dpsql.workloads import all_range
+
     n = 48
-    i = np.arange(n)
-    V = (np.minimum.outer(i, i) + 1.0) * (n - np.maximum.outer(i, i))
-    info = WorkloadInfo(n, (n,), V=V, m=n * (n + 1) // 2)
+    info = all_range(n)
+    V = info.V
     strategy = REGISTRY["eigen"]
     plan = strategy.plan(info)
     con = duckdb.connect(str(tmp_path / "c.duckdb"))

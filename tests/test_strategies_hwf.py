@@ -17,6 +17,7 @@ from dpsql.strategies.hierarchical import (HierarchicalStrategy, candidates, cho
                                            tree_matrix)
 from dpsql.strategies.kron import contract
 from dpsql.strategies.wavelet import WaveletStrategy, haar_height
+from dpsql.workloads import all_range, range_rows
 
 STRATEGIES = [HierarchicalStrategy(), WaveletStrategy(), FourierStrategy()]
 EPSILON, DELTA = 0.5, 1e-4
@@ -26,15 +27,6 @@ EPSILON, DELTA = 0.5, 1e-4
 SIGMA_PAPER = math.sqrt(2 * math.log(2 / DELTA)) / EPSILON
 
 
-def all_range(n: int) -> WorkloadInfo:
-    i = np.arange(n)
-    V = (np.minimum.outer(i, i) + 1.0) * (n - np.maximum.outer(i, i))
-    return WorkloadInfo(n, (n,), V=V, m=n * (n + 1) // 2)
-
-
-def range_rows(k: int) -> np.ndarray:
-    return np.array([[1.0 if a <= i <= b else 0.0 for i in range(k)]
-                     for a in range(k) for b in range(a, k)])
 
 
 def marginals(shape: tuple, order: int) -> sp.csr_matrix:
