@@ -22,7 +22,8 @@ import json
 import numpy as np
 
 from .engine import engine_errors
-from .strategies.base import QUANTUM_BITS, Plan, WorkloadInfo, exact_l2_sensitivity
+from .strategies.base import (QUANTUM_BITS, Plan, WorkloadInfo, exact_l1_sensitivity,
+                              exact_l2_sensitivity)
 
 SCHEMA_SQL = """CREATE TABLE IF NOT EXISTS dpsql.strategy_cache (
     fingerprint VARCHAR PRIMARY KEY,
@@ -61,7 +62,7 @@ def load(con, key: str) -> Plan | None:
         return None  # not a matrix this cache wrote: select afresh
     A = numerators.reshape(rows, n).astype(np.float64) / float(2 ** QUANTUM_BITS)
     return Plan(name, int(n), A, exact_l2_sensitivity(A), integral=True,
-                notes=tuple(tuple(x) if isinstance(x, list) else x
+                l1_sensitivity=exact_l1_sensitivity(A), notes=tuple(tuple(x) if isinstance(x, list) else x
                             for x in json.loads(notes)))
 
 

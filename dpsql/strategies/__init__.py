@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .base import (Plan, Strategy, WorkloadInfo, exact_l2_sensitivity, l2_sensitivity,
+from .base import (Plan, Strategy, WorkloadInfo, exact_l1_sensitivity, exact_l2_sensitivity,
+                   l2_sensitivity,
                    make_plan)
 from .coa import COA
 from .eigen import EigenDesign
@@ -30,5 +31,5 @@ REGISTRY: dict[str, Strategy] = {
 AUTO_CANDIDATES = ("identity", "workload", "hierarchical", "wavelet", "fourier", "eigen",
                    "optimal")
 
-__all__ = ["AUTO_CANDIDATES", "Plan", "REGISTRY", "Strategy", "WorkloadInfo", "exact_l2_sensitivity",
+__all__ = ["AUTO_CANDIDATES", "Plan", "REGISTRY", "Strategy", "WorkloadInfo", "exact_l1_sensitivity", "exact_l2_sensitivity",
            "l2_sensitivity", "make_plan"]

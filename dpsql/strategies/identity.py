@@ -15,4 +15,4 @@ class IdentityStrategy:
     name = "identity"
 
     def plan(self, workload: WorkloadInfo) -> Plan:
-        return Plan("identity", workload.n, None, 1.0, integral=True)
+        return Plan("identity", workload.n, None, 1.0, integral=True, l1_sensitivity=1.0)
