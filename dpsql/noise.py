@@ -383,6 +383,26 @@ class SecureGaussianSampler:
             raise DpsqlError("OpenDP failed while sampling Gaussian noise") from None
         return np.asarray(noisy, dtype=float).reshape(x.shape), spacing
 
+    @staticmethod
+    def laplace(values: np.ndarray, scale: float, *, sensitivity: float,
+                epsilon: float | None = None) -> tuple[np.ndarray, float]:
+        """Pure ε-DP noise: OpenDP's exact discrete Laplace (:func:`dpsql.laplace.secure_laplace`)."""
+        from .laplace import secure_laplace
+
+        return secure_laplace(values, scale, sensitivity=sensitivity, epsilon=epsilon)
+
+    @staticmethod
+    def exponential(scores: np.ndarray, epsilon: float, *, sensitivity: float) -> int:
+        """The exponential mechanism by exact Gumbel report-noisy-max
+        (:func:`dpsql.laplace.secure_exponential`)."""
+        from .laplace import secure_exponential
+
+        return secure_exponential(scores, epsilon, sensitivity)
+
+
+#: the kernel's default sampler: Gaussian, Laplace and exponential-mechanism noise, all exact
+SecureSampler = SecureGaussianSampler
+
 
 class SeededTestSampler:
     """Reproducible continuous Gaussian noise from a seeded numpy generator -- FOR TESTS ONLY.
@@ -406,3 +426,16 @@ class SeededTestSampler:
         x = _finite_values(values)
         noise = self._rng.normal(0.0, sigma, size=x.shape)  # test-only
         return x + noise, 0.0
+
+    def laplace(self, values: np.ndarray, scale: float, *, sensitivity: float,
+                epsilon: float | None = None) -> tuple[np.ndarray, float]:
+        """``values + Laplace(scale)`` from the seeded generator (continuous; tests only)."""
+        from .laplace import seeded_laplace
+
+        return seeded_laplace(self._rng, _finite_values(values), scale), 0.0
+
+    def exponential(self, scores: np.ndarray, epsilon: float, *, sensitivity: float) -> int:
+        """The exponential mechanism from the seeded generator (tests only)."""
+        from .laplace import seeded_exponential
+
+        return seeded_exponential(self._rng, scores, epsilon, sensitivity)
