@@ -432,10 +432,10 @@ class SeededTestSampler:
         """``values + Laplace(scale)`` from the seeded generator (continuous; tests only)."""
         from .laplace import seeded_laplace
 
-        return seeded_laplace(self._rng, _finite_values(values), scale), 0.0
+        return seeded_laplace(self._rng, _finite_values(values), scale), 0.0  # test-only
 
     def exponential(self, scores: np.ndarray, epsilon: float, *, sensitivity: float) -> int:
         """The exponential mechanism from the seeded generator (tests only)."""
         from .laplace import seeded_exponential
 
-        return seeded_exponential(self._rng, scores, epsilon, sensitivity)
+        return seeded_exponential(self._rng, scores, epsilon, sensitivity)  # test-only
