@@ -103,6 +103,17 @@ class LeastSquares:
         _, s, Vt = self._svd
         return float(np.trace((Vt / s[:, None] ** 2).T @ Vt @ V))
 
+    def coefficients(self, W) -> np.ndarray:
+        """``W A⁺`` (dense, rows of W by measurements): each answer's weights on ``y``."""
+        if self.plan.A is None:
+            return _dense(W)
+        if self._chol is not None:
+            X = la.cho_solve(self._chol, _dense(W).T, check_finite=False)   # (AᵀA)⁻¹ Wᵀ
+            return np.asarray(self.plan.A @ X).T
+        self._check_support(W)
+        U, s, Vt = self._svd
+        return (np.asarray(W @ Vt.T) / s) @ U.T
+
     def answers(self, W, y: np.ndarray) -> np.ndarray:
         """``W x̂`` with ``x̂ = A⁺ y``."""
         if self.plan.A is None:

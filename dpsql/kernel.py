@@ -4,7 +4,7 @@
 
 1. charges the ledger, atomically (check and insert in one transaction, committed);
 2. asks the engine for the cell counts ``x`` (one GROUP BY);
-3. computes ``A x`` and adds Gaussian noise from the secure sampler;
+3. computes ``A x`` and adds Gaussian or Laplace noise from the secure sampler;
 4. returns ``y`` and drops ``x``.
 
 Nothing but ``y`` crosses this boundary: strategies, inference and result writing see only
@@ -25,7 +25,9 @@ floating-point leak.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 import scipy.sparse as sp
@@ -33,7 +35,8 @@ import scipy.sparse as sp
 from . import engine, ledger
 from .errors import StrategyError
 from .noise import SecureGaussianSampler
-from .strategies.base import EXACT_ROWS, QUANTUM_BITS, Plan
+from .mwem_groups import CandidateGroups, GroupValues, group_sensitivities
+from .strategies.base import EXACT_ROWS, QUANTUM_BITS, Plan, exact_l1_sensitivity
 
 
 
@@ -67,7 +70,17 @@ class Kernel:
         return bool(getattr(self.sampler, "private", False))
 
     def release(self, con, policy, workload, plan: Plan, sigma: float,
-                request: ledger.Charge) -> Measurement:
+                request: ledger.Charge, *, mechanism: str = "gaussian") -> Measurement:
+        """Charge ``request``, read ``x``, return ``y = A x + noise`` (module docstring).
+
+        ``mechanism`` is ``gaussian`` (``sigma`` is σ, L2 sensitivity) or ``laplace``
+        (``sigma`` is the Laplace scale ``b``, L1 sensitivity; pure ε-DP: ``b ≥ Δ₁/ε``, so
+        for neighbours ``‖A x − A x'‖₁ ≤ Δ₁`` the density ratio is at most e^ε).
+        """
+        if mechanism not in ("gaussian", "laplace"):
+            raise StrategyError(f"internal error: unknown noise mechanism {mechanism!r}")
+        if mechanism == "laplace" and not math.isfinite(plan.l1_sensitivity):
+            raise StrategyError(f"strategy {plan.strategy!r} has no exact L1 sensitivity")
         if not plan.integral or not _on_grid(plan.A):
             raise StrategyError(
                 f"strategy {plan.strategy!r} is not on the exact 2**-20 grid; the kernel "
@@ -83,6 +96,179 @@ class Kernel:
                                 "more); this release was charged and nothing was released")
         values = plan.measure(x)
         del x
-        y, grid = self.sampler.sample(values, sigma, sensitivity=plan.sensitivity)
+        if mechanism == "laplace":
+            y, grid = self.sampler.laplace(values, sigma, sensitivity=plan.l1_sensitivity,
+                                           epsilon=_float_at_most(request.cost.epsilon))
+        else:
+            y, grid = self.sampler.sample(values, sigma, sensitivity=plan.sensitivity)
         return Measurement(release_id, names, np.asarray(y, dtype=float), sigma, grid,
                            self.private)
+
+    def release_per_query(self, con, policy, workload, scales: np.ndarray,
+                          request: ledger.Charge) -> Measurement:
+        """Charge, read ``x``, return ``y_k = (W x)_k + Laplace(b_k)`` (d_X Laplace).
+
+        Privacy (Kamalaruban et al., d_X-private Laplace): the scales come from
+        :func:`dpsql.dx.dx_laplace_scales`, which verified ``Σ_k |W[k,i] − W[k,j]| / b_k ≤
+        ε·d(i, j)`` for every pair of cells; with independent Laplace noise of scale ``b_k``
+        per query the output densities for neighbours ``i → j`` differ by at most that
+        factor. ``b_k = 0`` marks a query constant over every cell: under change-one
+        neighbours its answer never changes, and it is released exact.
+        """
+        W = sp.csr_matrix(workload.W)
+        scales = np.asarray(scales, dtype=float).reshape(-1)
+        if scales.size != W.shape[0] or not np.all(np.isfinite(scales)) or np.any(scales < 0):
+            raise StrategyError("internal error: one finite scale >= 0 per query is needed")
+        if not _on_grid(W):
+            raise StrategyError("internal error: the workload is not on the exact grid")
+        columns = [(p.column, policy.column(p.column), p.unit_to_part)
+                   for p in workload.partitions]
+        release_id, names = ledger.charge(con, policy, request)   # committed here
+        x = engine.data_vector(con, policy.table, columns, workload.n_cells)
+        if x.sum() >= EXACT_ROWS:
+            raise StrategyError("the table is too large for exact products (2**32 rows or "
+                                "more); this release was charged and nothing was released")
+        values = np.asarray(W @ x, dtype=float).reshape(-1)
+        del x
+        y = values.copy()
+        for b in np.unique(scales[scales > 0]):
+            k = np.flatnonzero(scales == b)
+            y[k], _ = self.sampler.laplace(values[k], float(b), sensitivity=1.0)
+        return Measurement(release_id, names, y, math.nan, 0.0, self.private)
+
+    def release_adaptive(self, con, policy, blocks, epsilon: Fraction,
+                         request: ledger.Charge, algorithm):
+        """Run a data-dependent algorithm (MWEM) against the data, charged up front.
+
+        DESIGN.md: the algorithm gets a *measure callback* (:class:`MeasureOracle`) instead
+        of the counts. The ledger is charged the full ``epsilon`` first (nothing is read
+        before, so a refused charge costs nothing and an aborted run refunds nothing); the
+        oracle then answers ``select`` (exponential mechanism) and ``measure`` (Laplace)
+        calls and refuses any call that would take the total spent past ``epsilon``. By
+        basic composition of these pure-DP steps the run is ``epsilon``-DP.
+
+        ``blocks`` lists each block's compiled workload (its columns and cells);
+        ``algorithm(oracle)`` returns the result. Returns ``(release_id, names, result,
+        private)``.
+        """
+        release_id, names = ledger.charge(con, policy, request)   # committed here
+        xs = []
+        for workload in blocks:
+            columns = [(p.column, policy.column(p.column), p.unit_to_part)
+                       for p in workload.partitions]
+            x = engine.data_vector(con, policy.table, columns, workload.n_cells)
+            if x.sum() >= EXACT_ROWS:
+                raise StrategyError("the table is too large for exact products (2**32 rows "
+                                    "or more); this release was charged and nothing was "
+                                    "released")
+            xs.append(x)
+        oracle = MeasureOracle(xs, self.sampler, epsilon)
+        try:
+            result = algorithm(oracle)
+        finally:
+            oracle.close()
+        return release_id, names, result, self.private
+
+
+def _float_at_most(value: Fraction) -> float:
+    """The largest double not above ``value``: a per-step ε is never rounded up."""
+    f = float(value)
+    if Fraction(f) > value:
+        f = math.nextafter(f, 0.0)
+    return f
+
+
+class MeasureOracle:
+    """The measure callback of data-dependent algorithms: noisy answers, never the counts.
+
+    Each call spends part of the charged ``epsilon`` (exact :class:`~fractions.Fraction`
+    sums); a call that would overspend is refused before anything is computed. Only 0/1-style
+    rows on the exact 2**-20 grid are accepted, so the true answers ``rows @ x`` are exact.
+
+    - :meth:`select`: the exponential mechanism (McSherry & Talwar 2007) over candidate
+      groups of queries, score ``Σ_r |estimate_r − answer_r| − penalty``. One row added or
+      removed moves each answer of a group by its column entry, so a score moves by at most
+      the group's largest column L1 norm; the sensitivity is the maximum over groups. The
+      secure sampler selects with probability ∝ exp(ε' · score / (2 Δ)): ε'-DP.
+    - :meth:`measure`: Laplace noise with scale ``b = Δ₁(rows)/ε'`` (exact L1 sensitivity):
+      ε'-DP.
+    """
+
+    def __init__(self, xs, sampler, epsilon: Fraction):
+        self._xs = list(xs)
+        self._sampler = sampler
+        self.budget = Fraction(epsilon)
+        self.spent = Fraction(0)
+        self._cache: dict = {}
+
+    def close(self) -> None:
+        self._xs = []
+        self._cache = {}
+
+    def _spend(self, epsilon) -> float:
+        eps = Fraction(epsilon)
+        if eps <= 0:
+            raise StrategyError("internal error: a measurement must spend epsilon > 0")
+        if self.spent + eps > self.budget:
+            raise StrategyError(
+                f"internal error: the algorithm asked for more than its charged epsilon "
+                f"({float(self.spent + eps)!r} > {float(self.budget)!r}); refusing")
+        self.spent += eps
+        return _float_at_most(eps)
+
+    def _x(self, block: int) -> np.ndarray:
+        if not self._xs:
+            raise StrategyError("internal error: the oracle is closed")
+        if isinstance(block, bool) or not 0 <= int(block) < len(self._xs):
+            raise StrategyError(f"internal error: no block {block!r}")
+        return self._xs[int(block)]
+
+    def _checked(self, x: np.ndarray, rows) -> sp.csr_matrix:
+        R = sp.csr_matrix(rows, dtype=float)
+        if R.shape[1] != x.size or not _on_grid(R):
+            raise StrategyError("internal error: measurement rows must be on the exact grid "
+                                "and match the block's cells")
+        return R
+
+    def _answers(self, block: int, W) -> np.ndarray:
+        """``W @ x`` for a block's whole query matrix, computed once per run."""
+        key = (int(block), id(W))
+        if key not in self._cache:
+            self._cache[key] = (W, np.asarray(self._checked(self._x(block), W) @ self._x(block),
+                                              dtype=float).reshape(-1))
+        return self._cache[key][1]
+
+    def select(self, block: int, groups, estimates, penalties, epsilon) -> int:
+        """``groups`` is a :class:`dpsql.mwem_groups.CandidateGroups` (rows of one matrix)."""
+        if not isinstance(groups, CandidateGroups) or len(groups) == 0:
+            raise StrategyError("internal error: select needs non-empty CandidateGroups")
+        penalties = np.asarray(penalties, dtype=float).reshape(-1)
+        values = (estimates.values if isinstance(estimates, GroupValues) else
+                  np.concatenate([np.asarray(e, dtype=float).reshape(-1) for e in estimates]))
+        if penalties.size != len(groups) or values.size != groups.row_index.size \
+                or not np.all(np.isfinite(values)) or not np.all(np.isfinite(penalties)):
+            raise StrategyError("internal error: select needs finite estimates for every "
+                                "candidate row and one penalty per group")
+        answers = self._answers(block, groups.W)[groups.row_index]
+        # the sensitivity is recomputed here, from the rows, never taken from the caller
+        sensitivity = float(group_sensitivities(groups.W, groups.starts, groups.stops).max())
+        if not sensitivity > 0:
+            raise StrategyError("internal error: every candidate group is empty")
+        eps = self._spend(epsilon)
+        diff = np.abs(values - answers)
+        scores = np.add.reduceat(diff, groups.offsets[:-1]) - penalties
+        return int(self._sampler.exponential(scores, eps, sensitivity=sensitivity))
+
+    def measure(self, block: int, rows, epsilon) -> tuple[np.ndarray, float]:
+        from .laplace import laplace_scale
+
+        x = self._x(block)
+        R = self._checked(x, rows)
+        sensitivity = exact_l1_sensitivity(R)
+        if not sensitivity > 0:
+            raise StrategyError("internal error: nothing to measure")
+        eps = self._spend(epsilon)
+        b = laplace_scale(eps, sensitivity, R.shape[0])
+        y, _ = self._sampler.laplace(np.asarray(R @ x, dtype=float), b,
+                                     sensitivity=sensitivity, epsilon=eps)
+        return np.asarray(y, dtype=float), b

@@ -9,6 +9,10 @@ Tables (readable with plain DuckDB):
   ``status``: ``charged`` when the budget is spent, ``released`` once results are written.
 - ``dpsql.release_tables``: result table -> release, with the statement that produced it.
 
+Metric (d_X) releases are charged to the table's separate metric budget: their ε per unit
+distance goes to ``metric_epsilon_exact`` and their standard ε and δ are 0, so the two kinds
+of budget are never summed together.
+
 Atomicity: :func:`charge` runs inside one transaction on a connection that holds the
 database exclusively (see :mod:`dpsql.engine`), so the budget check and the ledger insert
 cannot interleave with another charge, in this process or another. A refused charge writes
@@ -25,7 +29,7 @@ import duckdb
 
 from .accounting import PrivacyCost, check_budget, fraction_from_text, fraction_to_text
 from .engine import engine_errors
-from .errors import PolicyError
+from .errors import BudgetExceededError, PolicyError
 from .policy import TablePolicy
 
 SCHEMA_SQL = [
@@ -56,7 +60,12 @@ SCHEMA_SQL = [
         private BOOLEAN NOT NULL,
         status VARCHAR NOT NULL,
         release_name VARCHAR UNIQUE,
-        bound_ratio DOUBLE)""",
+        bound_ratio DOUBLE,
+        metric_epsilon DOUBLE,
+        metric_epsilon_exact VARCHAR)""",
+    # ledgers written before metric privacy existed
+    "ALTER TABLE dpsql.ledger ADD COLUMN IF NOT EXISTS metric_epsilon DOUBLE",
+    "ALTER TABLE dpsql.ledger ADD COLUMN IF NOT EXISTS metric_epsilon_exact VARCHAR",
     """CREATE TABLE IF NOT EXISTS dpsql.release_tables (
         release_id BIGINT NOT NULL,
         statement_index INTEGER NOT NULL,
@@ -68,7 +77,7 @@ SCHEMA_SQL = [
 LEDGER_COLUMNS = (
     "release_id, created_at, table_name, epsilon, delta, mechanism, strategy, calibration, "
     "sigma, sensitivity, n_queries, n_cells, expected_rmse, sql_text, result_tables, private, "
-    "status, release_name, bound_ratio"
+    "status, release_name, bound_ratio, metric_epsilon"
 )
 
 
@@ -128,6 +137,27 @@ def spent(con, table: str) -> PrivacyCost:
     return total
 
 
+def spent_metric(con, table: str) -> Fraction:
+    """Exact total ε per unit distance charged to ``table``'s metric (d_X) budget."""
+    if not has_schema(con):
+        return Fraction(0)
+    with engine_errors("reading the ledger"):
+        rows = con.execute("SELECT metric_epsilon_exact FROM dpsql.ledger WHERE table_name = ? "
+                           "AND metric_epsilon_exact IS NOT NULL", [table]).fetchall()
+    return sum((fraction_from_text(r[0]) for r in rows), Fraction(0))
+
+
+def check_metric(con, policy: TablePolicy, requested: Fraction) -> None:
+    """Refuse a metric charge the table's metric budget cannot take (writes nothing)."""
+    if policy.metric is None:
+        raise PolicyError(f"table {policy.table!r} declares no metric model; metric (d_X) "
+                          "releases need a [tables.<name>.metric] section in its policy")
+    already = spent_metric(con, policy.table)
+    limit = policy.metric.epsilon_per_unit
+    if already + requested > limit:
+        raise BudgetExceededError(policy.table, "metric epsilon", already, requested, limit)
+
+
 @dataclass(frozen=True)
 class Charge:
     """What a release is about to cost, and how it is made (recorded with the charge)."""
@@ -148,6 +178,7 @@ class Charge:
     private: bool
     release_name: str | None = None  # unique; re-running a named release never re-noises
     bound_ratio: float | None = None  # expected RMSE / singular value bound RMSE
+    metric_epsilon: Fraction | None = None  # d_X releases: ε per unit distance charged
 
 
 def charge(con, policy: TablePolicy, request: Charge) -> tuple[int, list[str]]:
@@ -165,6 +196,8 @@ def charge(con, policy: TablePolicy, request: Charge) -> tuple[int, list[str]]:
     try:
         already = spent(con, policy.table)
         check_budget(policy.table, already, request.cost, limit)
+        if request.metric_epsilon is not None:
+            check_metric(con, policy, request.metric_epsilon)
         with engine_errors("charging the ledger"):
             (next_id,) = con.execute(
                 "SELECT coalesce(max(release_id), 0) + 1 FROM dpsql.ledger").fetchone()
@@ -174,14 +207,18 @@ def charge(con, policy: TablePolicy, request: Charge) -> tuple[int, list[str]]:
                 "INSERT INTO dpsql.ledger (release_id, table_name, epsilon, delta, epsilon_exact,"
                 " delta_exact, rho, mechanism, strategy, calibration, sigma, sensitivity, "
                 "n_queries, n_cells, expected_rmse, sql_text, result_tables, private, status, "
-                "release_name, bound_ratio) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'charged', ?, ?)",
+                "release_name, bound_ratio, metric_epsilon, metric_epsilon_exact) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'charged', ?, ?, "
+                "?, ?)",
                 [next_id, policy.table, float(request.cost.epsilon), float(request.cost.delta),
                  fraction_to_text(request.cost.epsilon), fraction_to_text(request.cost.delta),
                  request.rho, request.mechanism, request.strategy, request.calibration,
                  request.sigma, request.sensitivity, request.n_queries, request.n_cells,
                  request.expected_rmse, request.sql_text, names,
-                 request.private, request.release_name, request.bound_ratio])
+                 request.private, request.release_name, request.bound_ratio,
+                 None if request.metric_epsilon is None else float(request.metric_epsilon),
+                 None if request.metric_epsilon is None
+                 else fraction_to_text(request.metric_epsilon)])
             con.execute("COMMIT")
         return int(next_id), names
     except BaseException:
@@ -254,4 +291,4 @@ def remaining(policy: TablePolicy, used: PrivacyCost) -> PrivacyCost:
 
 
 __all__ = ["Charge", "charge", "ensure_schema", "entries", "load_policies", "mark_released",
-           "remaining", "save_policy", "spent", "Fraction"]
+           "remaining", "save_policy", "spent", "spent_metric", "Fraction"]

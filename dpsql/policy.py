@@ -10,7 +10,11 @@ A policy is declared by the data owner, in TOML or as a Python dict of the same 
     sex = { type = "categorical", values = ["Female", "Male"] }
     hours_per_week = { type = "numeric", min = 0, max = 100, edges = [0, 20, 40, 60, 100] }
 
-It is never inferred from data. Budgets are kept as exact fractions (floats are read through
+An optional ``rows = 32561`` declares the table's row count public (the data owner's
+decision: under add/remove-one-row neighbours the count is otherwise private); MWEM then
+uses it instead of spending budget on estimating it. An optional ``[tables.<t>.metric]``
+section declares a d_X (metric privacy) model with its own budget (:mod:`dpsql.metric`).
+Domains are never inferred from data. Budgets are kept as exact fractions (floats are read through
 their shortest decimal form, so ``0.1`` is exactly one tenth).
 """
 
@@ -27,7 +31,7 @@ from .accounting import fraction_from_text, fraction_to_text, to_exact
 from .domain import Domain, domain_from_spec
 from .errors import PolicyError, PrivacyParameterError
 
-_TABLE_FIELDS = {"epsilon", "delta", "columns"}
+_TABLE_FIELDS = {"epsilon", "delta", "columns", "rows", "metric"}
 
 
 def _is_identifier(name: str) -> bool:
@@ -42,6 +46,8 @@ class TablePolicy:
     epsilon: Fraction
     delta: Fraction
     columns: tuple  # tuple[(name, Domain)], in declaration order
+    rows: int | None = None  # the row count, when the owner declares it public (MWEM's n)
+    metric: object = None    # dpsql.metric.MetricModel: the d_X model and its own budget
 
     def column(self, name: str) -> Domain:
         for col, dom in self.columns:
@@ -54,20 +60,31 @@ class TablePolicy:
         return [c for c, _ in self.columns]
 
     def to_json(self) -> str:
-        return json.dumps({
+        doc = {
             "table": self.table,
             "epsilon": fraction_to_text(self.epsilon),
             "delta": fraction_to_text(self.delta),
             "columns": {c: d.describe() for c, d in self.columns},
-        })
+        }
+        if self.rows is not None:
+            doc["rows"] = self.rows
+        if self.metric is not None:
+            doc["metric"] = self.metric.describe()
+        return json.dumps(doc)
 
     @classmethod
     def from_json(cls, text: str) -> "TablePolicy":
         raw = json.loads(text)
         cols = tuple((c, domain_from_spec(raw["table"], c, spec))
                      for c, spec in raw["columns"].items())
+        metric = None
+        if raw.get("metric") is not None:
+            from .metric import MetricModel
+
+            metric = MetricModel.from_dict(raw["metric"], table=raw["table"],
+                                           domains=dict(cols))
         return cls(raw["table"], fraction_from_text(raw["epsilon"]),
-                   fraction_from_text(raw["delta"]), cols)
+                   fraction_from_text(raw["delta"]), cols, rows=raw.get("rows"), metric=metric)
 
 
 def table_policy_from_spec(table: str, spec: Mapping[str, Any]) -> TablePolicy:
@@ -98,6 +115,10 @@ def table_policy_from_spec(table: str, spec: Mapping[str, Any]) -> TablePolicy:
     if not (0 <= delta < 1):
         raise PolicyError(f"policy for table {table!r}: delta budget must be in [0, 1), got "
                           f"{float(delta)!r}")
+    rows = spec.get("rows")
+    if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 0):
+        raise PolicyError(f"policy for table {table!r}: `rows` (the row count, declared "
+                          f"public) must be an integer >= 0, got {rows!r}")
     columns = spec["columns"]
     if not isinstance(columns, Mapping) or len(columns) == 0:
         raise PolicyError(f"policy for table {table!r} must declare at least one column")
@@ -112,7 +133,12 @@ def table_policy_from_spec(table: str, spec: Mapping[str, Any]) -> TablePolicy:
             raise PolicyError(f"table {table!r}: column {name!r} declared twice")
         seen.add(name.lower())
         cols.append((name.lower(), domain_from_spec(table, name, col_spec)))
-    return TablePolicy(table.lower(), epsilon, delta, tuple(cols))
+    metric = None
+    if spec.get("metric") is not None:
+        from .metric import MetricModel
+
+        metric = MetricModel.from_dict(spec["metric"], table=table, domains=dict(cols))
+    return TablePolicy(table.lower(), epsilon, delta, tuple(cols), rows=rows, metric=metric)
 
 
 def load_policy(source: str | Path | Mapping[str, Any], table: str | None = None) -> dict:

@@ -4,8 +4,9 @@ Each statement of a released batch becomes one DuckDB table in the main schema: 
 columns (NULL where a grouping set rolls a column up, or for the NULL group of a nullable
 column), ``grouping_id`` when the statement has several grouping sets (bit i set when the
 i-th key column is rolled up, as DuckDB's ``GROUPING()``), then the noisy ``count``, its exact
-``stderr`` and the 95% interval ``ci_low``/``ci_high`` (normal: the noise is Gaussian and the
-answers are linear in it). ``dpsql.release_tables`` links every table to its ledger entry.
+``stderr`` and the 95% interval ``ci_low``/``ci_high`` (Gaussian noise: normal, the answers
+are linear in the noise; Laplace noise: a bound on the quantile of the Laplace sum, see
+:func:`dpsql.session.interval_halfwidths`). ``dpsql.release_tables`` links every table to its ledger entry.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class Candidate:
     bound_ratio: float = math.nan    # expected RMSE / RMSE of the singular value bound
     cached: bool = False             # loaded from the strategy cache
     plan: object = field(default=None, repr=False, compare=False)
+    mechanism: str = "gaussian"      # noise family: gaussian (sigma) or laplace (scale b)
 
     @property
     def gap(self) -> float:
@@ -61,17 +63,23 @@ class Explanation:
     candidates: tuple                # every strategy considered (Candidate)
     statements: tuple = ()           # (statement index, first row, stop row)
     bound_rmse: float = math.nan     # RMSE of the singular value bound (no strategy beats it)
+    mechanism: str = "gaussian"      # noise family of the chosen strategy
 
     @property
     def bound_ratio(self) -> float:
         return self.rmse / self.bound_rmse if self.bound_rmse > 0 else math.nan
 
     def __str__(self) -> str:
+        noise = {"gaussian": "Gaussian noise, sigma", "laplace": "Laplace noise (pure epsilon-DP), scale b",
+                 "mwem": "MWEM (pure epsilon-DP, data-dependent)",
+                 "dx_laplace": "d_X Laplace (metric privacy; epsilon per unit distance)"}
+        bound = (f"; lower bound (svdb) RMSE {self.bound_rmse:.4g}"
+                 if math.isfinite(self.bound_rmse) else "")
         lines = [
             f"table {self.table}: {self.n_queries} queries over {self.n_cells} cells; "
-            f"epsilon={self.epsilon:g}, delta={self.delta:g}; lower bound (svdb) RMSE "
-            f"{self.bound_rmse:.4g}",
-            f"{'strategy':<12} {'sigma':>10} {'sensitivity':>11} {'expected RMSE':>14} "
+            f"epsilon={self.epsilon:g}, delta={self.delta:g}; "
+            f"{noise.get(self.mechanism, self.mechanism)}{bound}",
+            f"{'strategy':<12} {'scale':>10} {'sensitivity':>11} {'expected RMSE':>14} "
             f"{'x bound':>8} {'seconds':>8}",
         ]
         for c in self.candidates:
@@ -128,7 +136,8 @@ class Release:
         return head + "\n\n" + "\n\n".join(str(r) for r in self.results)
 
 
-def build_columns(output, policy, answers: np.ndarray, stderr: np.ndarray):
+def build_columns(output, policy, answers: np.ndarray, stderr: np.ndarray,
+                  halfwidth: np.ndarray):
     """(name, SQL type, values) for one statement's result table."""
     cols = []
     for i, (source, out) in enumerate(zip(output.key_sources, output.key_columns)):
@@ -138,11 +147,16 @@ def build_columns(output, policy, answers: np.ndarray, stderr: np.ndarray):
         cols.append(("grouping_id", "INTEGER", list(output.grouping_ids)))
     a = answers[output.start:output.stop]
     s = stderr[output.start:output.stop]
+    h = halfwidth[output.start:output.stop]
     cols.append((output.query.count_name, "DOUBLE", a.tolist()))
-    cols.append(("stderr", "DOUBLE", s.tolist()))
-    cols.append(("ci_low", "DOUBLE", (a - Z95 * s).tolist()))
-    cols.append(("ci_high", "DOUBLE", (a + Z95 * s).tolist()))
+    cols.append(("stderr", "DOUBLE", _nulls(s)))         # NULL: no standard error (MWEM)
+    cols.append(("ci_low", "DOUBLE", _nulls(a - h)))
+    cols.append(("ci_high", "DOUBLE", _nulls(a + h)))
     return cols
+
+
+def _nulls(values: np.ndarray) -> list:
+    return [None if math.isnan(v) else v for v in values.tolist()]
 
 
 def format_table(columns, rows, title: str | None = None, max_rows: int = 40) -> str:

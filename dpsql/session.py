@@ -11,24 +11,23 @@ import contextlib
 import math
 import signal
 import threading
-import time
 from fractions import Fraction
 from typing import Sequence
 
 import numpy as np
 
-from . import engine, ledger, strategy_cache
+from . import adaptive, engine, ledger, selection
 from .accounting import PrivacyCost, check_budget, validate_delta, validate_epsilon
 from .errors import (DpsqlError, PolicyError, PrivacyParameterError, StrategyError,
                      UnsupportedQueryError)
 from .inference import LeastSquares
 from .kernel import Kernel
-from .noise import calibrate_with_rounding, rounding_slack, zcdp_rho
+from .mwem import run_mwem
+from .noise import rounding_slack, zcdp_rho
 from .policy import TablePolicy, load_policy
-from .results import Candidate, Explanation, Release, ResultTable, build_columns
+from .results import Z95, Explanation, Release, ResultTable, build_columns
 from .sql.compile import Workload, compile_workload
 from .sql.parse import parse_batch
-from .strategies import AUTO_CANDIDATES, REGISTRY, WorkloadInfo, bounds
 
 CALIBRATIONS = ("analytic", "classic")
 
@@ -64,22 +63,32 @@ class Session:
             return ledger.load_policies(con)
 
     def explain(self, sql: str | Sequence[str], *, epsilon, delta, strategy: str = "auto",
-                calibration: str = "analytic") -> Explanation:
+                calibration: str = "analytic", model: str = "dp") -> Explanation:
         """Expected accuracy of a request: reads no data, spends nothing."""
         eps, dlt = self._privacy(epsilon, delta, calibration)
         with self.db.connect() as con:
             policies = ledger.load_policies(con)
+            if self._model(model, dlt, strategy) == "metric":
+                policy, queries, workload = self._compile(sql, policies)
+                return adaptive.explain_dx(policy, workload, eps)[0]
+            if adaptive.is_mwem(strategy):
+                policy, queries = self._parse(sql, policies)
+                return self._mwem_plan(policy, queries, eps, dlt, strategy)[0]
             policy, queries, workload = self._compile(sql, policies)
-            return self._select(policy, workload, eps, dlt, strategy, calibration, con)
+            return selection.select(con, policy, workload, eps, dlt, strategy, calibration)
 
     def answer(self, sql: str | Sequence[str], *, epsilon, delta, strategy: str = "auto",
                calibration: str = "analytic", replace: bool = False,
-               name: str | None = None) -> Release:
+               name: str | None = None, model: str = "dp") -> Release:
         """Release noisy answers to a batch, charging (epsilon, delta) to the table's budget.
 
         ``name`` makes the release idempotent: asking again under the same name with the same
         SQL and parameters returns the recorded answers (no charge, no fresh noise); anything
         else under a used name is refused.
+
+        ``delta = 0`` asks for pure ε-DP (Laplace noise, or ``strategy="mwem"``).
+        ``model="metric"`` asks for a metric (d_X) release: ``epsilon`` is then ε per unit of
+        the table's declared record distance, charged to its separate metric budget.
         """
         eps, dlt = self._privacy(epsilon, delta, calibration)
         text = sql if isinstance(sql, str) else ";\n".join(sql)
@@ -92,34 +101,30 @@ class Session:
                     return self._recorded(con, recorded, text, eps, dlt, strategy,
                                           calibration)
             policies = ledger.load_policies(con)
+            if self._model(model, dlt, strategy) == "metric":
+                return self._answer_dx(con, policies, sql, text, eps, replace, name)
+            if adaptive.is_mwem(strategy):
+                return self._answer_mwem(con, policies, sql, text, eps, dlt, strategy,
+                                         replace, name)
             policy, queries, workload = self._compile(sql, policies)
             names_given = self._check_targets(con, queries, policies, replace)
-            expl = self._select(policy, workload, eps, dlt, strategy, calibration, con)
+            expl = selection.select(con, policy, workload, eps, dlt, strategy, calibration)
             best = next(c for c in expl.candidates if c.strategy == expl.strategy)
             chosen = best.plan
             solver = LeastSquares(chosen)
+            halfwidth = interval_halfwidths(expl, solver, workload.W)
             cost = PrivacyCost(eps, dlt)
             check_budget(policy.table, ledger.spent(con, policy.table), cost,
                          PrivacyCost(policy.epsilon, policy.delta))
 
-            def result_names(release_id: int) -> list[str]:
-                out = []
-                for q in queries:
-                    if q.target is not None:
-                        out.append(q.target)
-                        continue
-                    name, k = f"dp_r{release_id}_q{q.index + 1}", 1
-                    while engine.table_exists(con, name) or name in names_given:
-                        k += 1
-                        name = f"dp_r{release_id}_q{q.index + 1}_{k}"
-                    out.append(name)
-                return out
+            result_names = self._result_names(con, queries, names_given)
 
             request = ledger.Charge(
-                table=policy.table, cost=cost, mechanism="gaussian", strategy=expl.strategy,
-                calibration=calibration, sigma=expl.sigma, sensitivity=chosen.sensitivity,
-                rho=zcdp_rho(expl.sigma, chosen.sensitivity
-                             + rounding_slack(expl.sigma, chosen.n_measurements)),
+                table=policy.table, cost=cost, mechanism=expl.mechanism,
+                strategy=expl.strategy,
+                calibration=calibration if expl.mechanism == "gaussian" else None,
+                sigma=expl.sigma, sensitivity=best.sensitivity,
+                rho=_rho(expl, eps, chosen),
                 n_queries=workload.n_queries,
                 n_cells=workload.n_cells, expected_rmse=expl.rmse, sql_text=text,
                 bound_ratio=expl.bound_ratio,
@@ -127,10 +132,11 @@ class Session:
             with _interrupts_deferred() as interrupted:
                 # from the charge to the committed result tables, Ctrl-C waits: a charged
                 # release is always completed, never left half-written
-                m = self.kernel.release(con, policy, workload, chosen, expl.sigma, request)
+                m = self.kernel.release(con, policy, workload, chosen, expl.sigma, request,
+                                        mechanism=expl.mechanism)
                 answers = solver.answers(workload.W, m.y)
-                stderr = expl.stderr
-                results = self._write(con, m, policy, queries, workload, answers, stderr,
+                parts = [(out, answers, expl.stderr, halfwidth) for out in workload.outputs]
+                results = self._write(con, m.release_id, m.result_tables, policy, parts,
                                       replace)
         release = Release(m.release_id, policy.table, list(m.result_tables), float(eps),
                           float(dlt), expl.strategy, expl.sigma, expl.rmse, results, m.private,
@@ -156,6 +162,12 @@ class Session:
                     "epsilon_spent": used.epsilon, "delta_spent": used.delta,
                     "epsilon_remaining": left.epsilon, "delta_remaining": left.delta,
                 }
+                if p.metric is not None:
+                    used_metric = ledger.spent_metric(con, name)
+                    out[name].update({
+                        "metric_epsilon_limit": p.metric.epsilon_per_unit,
+                        "metric_epsilon_spent": used_metric,
+                        "metric_epsilon_remaining": p.metric.epsilon_per_unit - used_metric})
         return out[table.lower()] if table is not None else out
 
     def ledger(self, table: str | None = None) -> list[dict]:
@@ -216,10 +228,10 @@ class Session:
         if calibration not in CALIBRATIONS:
             raise PrivacyParameterError(
                 f"calibration must be one of {CALIBRATIONS}, got {calibration!r}")
-        if dlt == 0:
+        if calibration == "classic" and dlt == 0:
             raise PrivacyParameterError(
-                "delta = 0 asks for pure epsilon-DP, which the Gaussian mechanism cannot give; "
-                "use delta > 0 (e.g. 1e-6)")
+                "calibration='classic' is a Gaussian calibration, and delta = 0 asks for pure "
+                "epsilon-DP (Laplace noise); drop the calibration or use delta > 0")
         if calibration == "classic" and eps >= 1:
             raise PrivacyParameterError(
                 "the classic Gaussian calibration is only valid for epsilon < 1; "
@@ -227,7 +239,7 @@ class Session:
         return eps, dlt
 
     @staticmethod
-    def _compile(sql, policies) -> tuple[TablePolicy, list, Workload]:
+    def _parse(sql, policies) -> tuple[TablePolicy, list]:
         def resolve(name, node):
             if name not in policies:
                 from .sql.parse import _position
@@ -238,7 +250,11 @@ class Session:
             return policies[name]
 
         queries = parse_batch(sql, resolve)
-        policy = policies[queries[0].table]
+        return policies[queries[0].table], queries
+
+    @classmethod
+    def _compile(cls, sql, policies) -> tuple[TablePolicy, list, Workload]:
+        policy, queries = cls._parse(sql, policies)
         return policy, queries, compile_workload(queries, policy)
 
     @staticmethod
@@ -265,87 +281,130 @@ class Session:
             names.add(t)
         return names
 
-    def _plan(self, con, name: str, workload: Workload):
-        """(plan, seconds, cached): the strategy's plan, from the cache when it is costly."""
-        strategy = REGISTRY[name]
-        info = _info(workload)
-        started = time.perf_counter()
-        key = None
-        if getattr(strategy, "cacheable", False) and con is not None:
-            key = strategy_cache.fingerprint(name, strategy, info)
-            plan = strategy_cache.load(con, key)
-            if plan is not None:
-                return plan, time.perf_counter() - started, True
-        plan = strategy.plan(info)
-        seconds = time.perf_counter() - started
-        if key is not None:
-            strategy_cache.store(con, key, plan, seconds)
-        return plan, seconds, False
+    @staticmethod
+    def _result_names(con, queries, names_given):
+        """Names of the result tables, as a function of the new release id."""
+        def result_names(release_id: int) -> list[str]:
+            out = []
+            for q in queries:
+                if q.target is not None:
+                    out.append(q.target)
+                    continue
+                name, k = f"dp_r{release_id}_q{q.index + 1}", 1
+                while engine.table_exists(con, name) or name in names_given:
+                    k += 1
+                    name = f"dp_r{release_id}_q{q.index + 1}_{k}"
+                out.append(name)
+            return out
+        return result_names
 
-    def _candidate(self, con, name: str, workload: Workload, eps, dlt, calibration,
-                   bound_total: float) -> Candidate:
-        plan, seconds, cached = self._plan(con, name, workload)
-        solver = LeastSquares(plan)
-        factors = solver.error_factors(workload.W)
-        sigma = calibrate_with_rounding(float(eps), float(dlt), plan.sensitivity,
-                                        plan.n_measurements, calibration)
-        stderr = sigma * np.sqrt(np.maximum(factors, 0.0))
-        rmse = float(np.sqrt(np.mean(stderr ** 2))) if len(stderr) else 0.0
-        ratio = rmse / _bound_rmse(eps, dlt, calibration, bound_total, workload)
-        return Candidate(name, sigma, plan.sensitivity, rmse, stderr, seconds=seconds,
-                         bound_ratio=ratio, cached=cached, plan=plan)
+    def _mwem_plan(self, policy, queries, eps, dlt, strategy):
+        """(explanation, options, compiled blocks, MWEM blocks) of an MWEM request."""
+        if dlt != 0:
+            raise PrivacyParameterError(
+                "mwem is a pure epsilon-DP mechanism: ask for it with delta = 0")
+        options = adaptive.mwem_options(strategy, policy)
+        compiled, blocks = adaptive.blocks_for(queries, policy)
+        expl = adaptive.explain_mwem(policy, compiled, eps, options, strategy)
+        return expl, options, compiled, blocks
 
-    def _select(self, policy, workload, eps, dlt, strategy, calibration,
-                con=None) -> Explanation:
-        if not isinstance(strategy, str) or (strategy != "auto" and strategy not in REGISTRY):
-            raise StrategyError(
-                f"unknown strategy {strategy!r}; choose 'auto' or one of {sorted(REGISTRY)}")
-        names = AUTO_CANDIDATES if strategy == "auto" else (strategy,)
-        bound_total = svdb(_info(workload))
-        candidates = []
-        for name in names:
-            estimate = getattr(REGISTRY[name], "estimated_seconds", None)
-            seconds = estimate(_info(workload)) if estimate is not None else 0.0
-            if strategy == "auto" and seconds > AUTO_TIME_LIMIT:
-                candidates.append(Candidate(
-                    name, math.nan, math.nan, math.nan, np.zeros(0),
-                    note=f"skipped by auto: estimated {seconds:.0f} s to select, over the "
-                         f"{AUTO_TIME_LIMIT:.0f} s limit (ask for it by name)"))
-                continue
-            try:
-                candidates.append(self._candidate(con, name, workload, eps, dlt, calibration,
-                                                  bound_total))
-            except StrategyError as exc:
-                if strategy != "auto":
-                    raise
-                candidates.append(Candidate(name, math.nan, math.nan, math.nan,
-                                            np.zeros(0), note=str(exc)))
-        usable = [c for c in candidates if np.isfinite(c.rmse)]
-        if not usable:
-            raise StrategyError("no strategy can answer this batch: "
-                                + "; ".join(c.note for c in candidates))
-        best = min(usable, key=lambda c: c.rmse)
-        return Explanation(policy.table, float(eps), float(dlt), best.strategy, best.sigma,
-                           best.rmse, best.stderr, workload.n_queries, workload.n_cells,
-                           tuple(candidates),
-                           tuple((o.query.index, o.start, o.stop) for o in workload.outputs),
-                           bound_rmse=_bound_rmse(eps, dlt, calibration, bound_total,
-                                                  workload))
+    def _answer_mwem(self, con, policies, sql, text, eps, dlt, strategy, replace, name):
+        """Release an MWEM batch: charge the full ε, run the algorithm against the kernel's
+        measure callback, write the synthetic answers (no standard errors: data-dependent)."""
+        policy, queries = self._parse(sql, policies)
+        names_given = self._check_targets(con, queries, policies, replace)
+        expl, options, compiled, blocks = self._mwem_plan(policy, queries, eps, dlt, strategy)
+        cost = PrivacyCost(eps, dlt)
+        check_budget(policy.table, ledger.spent(con, policy.table), cost,
+                     PrivacyCost(policy.epsilon, policy.delta))
+        request = ledger.Charge(
+            table=policy.table, cost=cost, mechanism="mwem", strategy=strategy,
+            calibration=None, sigma=None, sensitivity=1.0, rho=float(eps) ** 2 / 2.0,
+            n_queries=expl.n_queries, n_cells=sum(w.n_cells for w, _ in compiled),
+            expected_rmse=None, sql_text=text, bound_ratio=None,
+            result_tables=self._result_names(con, queries, names_given),
+            private=self.kernel.private, release_name=name)
+        eps_exact = Fraction(eps)
 
-    def _write(self, con, m, policy, queries, workload, answers, stderr, replace) -> list:
+        def algorithm(oracle):
+            return run_mwem(blocks, eps_exact, oracle, options)
+
+        with _interrupts_deferred() as interrupted:
+            release_id, tables, result, private = self.kernel.release_adaptive(
+                con, policy, [w for w, _ in compiled], eps_exact, request, algorithm)
+            parts = []
+            for (workload, _), answers in zip(compiled, result.answers):
+                blank = np.full(len(answers), math.nan)
+                parts.extend((out, np.asarray(answers, dtype=float), blank, blank)
+                             for out in workload.outputs)
+            parts.sort(key=lambda part: part[0].query.index)
+            results = self._write(con, release_id, tables, policy, parts, replace)
+        release = Release(release_id, policy.table, list(tables), float(eps), 0.0, strategy,
+                          math.nan, math.nan, results, private, name=name)
+        if interrupted:
+            raise InterruptedAfterRelease(release)
+        return release
+
+    @staticmethod
+    def _model(model, dlt, strategy) -> str:
+        if model not in ("dp", "metric"):
+            raise PrivacyParameterError(f"model must be 'dp' (differential privacy) or "
+                                        f"'metric' (d_X privacy), got {model!r}")
+        if model == "metric":
+            if dlt != 0:
+                raise PrivacyParameterError(
+                    "metric (d_X) releases are pure: ask with delta = 0")
+            if strategy not in ("auto", "dx_laplace"):
+                raise StrategyError(f"metric (d_X) releases use the d_X Laplace mechanism; "
+                                    f"strategy must be 'auto' or 'dx_laplace', got "
+                                    f"{strategy!r}")
+        return model
+
+    def _answer_dx(self, con, policies, sql, text, eps, replace, name):
+        """A metric (d_X) release: per-query Laplace scales from the public program, charged
+        to the table's metric budget (ε per unit distance), answers with exact errors."""
+        policy, queries, workload = self._compile(sql, policies)
+        names_given = self._check_targets(con, queries, policies, replace)
+        expl, plan = adaptive.explain_dx(policy, workload, eps)
+        metric_eps = Fraction(eps)
+        ledger.check_metric(con, policy, metric_eps)    # refuse early; charge() re-checks
+        request = ledger.Charge(
+            table=policy.table, cost=PrivacyCost(0, 0), mechanism="dx_laplace",
+            strategy="dx_laplace", calibration=None, sigma=None, sensitivity=None, rho=None,
+            n_queries=workload.n_queries, n_cells=workload.n_cells,
+            expected_rmse=plan.expected_rmse, sql_text=text, bound_ratio=None,
+            result_tables=self._result_names(con, queries, names_given),
+            private=self.kernel.private, release_name=name, metric_epsilon=metric_eps)
+        halfwidth = plan.scales * math.log(20.0)   # P(|Lap(b)| > b ln 20) = 5%
+        with _interrupts_deferred() as interrupted:
+            m = self.kernel.release_per_query(con, policy, workload, plan.scales, request)
+            parts = [(out, m.y, expl.stderr, halfwidth) for out in workload.outputs]
+            results = self._write(con, m.release_id, m.result_tables, policy, parts, replace)
+        release = Release(m.release_id, policy.table, list(m.result_tables), float(eps), 0.0,
+                          "dx_laplace", math.nan, plan.expected_rmse, results, m.private,
+                          name=name)
+        if interrupted:
+            raise InterruptedAfterRelease(release)
+        return release
+
+    def _write(self, con, release_id, names, policy, parts, replace) -> list:
+        """Write each statement's result table and mark the release done, in one transaction.
+
+        ``parts``: per statement in order, ``(output, answers, stderr, halfwidth)`` with the
+        arrays indexed like the output's rows of ``W``."""
         results = []
         with engine.engine_errors("writing results"):
             con.execute("BEGIN TRANSACTION")
         try:
             recorded = []
-            for name, out in zip(m.result_tables, workload.outputs):
-                cols = build_columns(out, policy, answers, stderr)
+            for name, (out, answers, stderr, halfwidth) in zip(names, parts):
+                cols = build_columns(out, policy, answers, stderr, halfwidth)
                 engine.write_table(con, name, cols, replace=replace or out.query.replace
                                    or out.query.target is None)
                 rows = list(zip(*[v for _, _, v in cols])) if cols else []
                 results.append(ResultTable(name, tuple(c for c, _, _ in cols), rows))
                 recorded.append((out.query.index, name, out.query.sql, len(rows)))
-            ledger.mark_released(con, m.release_id, recorded)
+            ledger.mark_released(con, release_id, recorded)
             with engine.engine_errors("writing results"):
                 con.execute("COMMIT")
         except BaseException:
@@ -357,35 +416,32 @@ class Session:
         return results
 
 
-#: auto skips a strategy whose estimated selection time exceeds this many seconds
-AUTO_TIME_LIMIT = 30.0
+def interval_halfwidths(expl: Explanation, solver: LeastSquares, W) -> np.ndarray:
+    """Half-widths of the 95% intervals of the answers (public: no data).
 
-
-def svdb(info: WorkloadInfo) -> float:
-    """Singular value bound on ``tr(V (AᵀA)⁻¹)·||A||²`` (:func:`strategies.bounds.svdb`).
-
-    With few queries the eigenvalues come from the m x m matrix ``W Wᵀ`` (same non-zero
-    spectrum), else from ``V``.
+    Gaussian noise: the answers' errors are Gaussian, so ``z_0.975 · stderr``. Laplace noise:
+    each answer's error is ``Σ_k c_k L_k`` with ``c`` its row of ``W A⁺`` and ``L_k`` iid
+    Laplace(b); :func:`dpsql.laplace.laplace_interval_halfwidth` bounds its 95% quantile.
     """
-    if info.W is not None and info.W.shape[0] < info.n:
-        lam = np.linalg.eigvalsh((info.W @ info.W.T).toarray())
-        return bounds.svdb_from_eigenvalues(lam, info.n)
-    return bounds.svdb(info.V, info.n)
+    if expl.mechanism != "laplace":
+        return Z95 * expl.stderr
+    from .laplace import laplace_interval_halfwidth
+
+    out = np.empty(W.shape[0])
+    step = max(1, int(4e7 // max(1, solver.plan.n_measurements)))  # ≤ 320 MB per chunk
+    for start in range(0, W.shape[0], step):
+        C = solver.coefficients(W[start:start + step])
+        out[start:start + step] = laplace_interval_halfwidth(C, expl.sigma)
+    return out
 
 
-def _bound_rmse(eps, dlt, calibration, bound_total: float, workload: Workload) -> float:
-    """The RMSE no strategy can beat at this calibration (sensitivity-1 noise scale)."""
-    sigma_1 = calibrate_with_rounding(float(eps), float(dlt), 1.0, 1, calibration)
-    return sigma_1 * math.sqrt(bound_total / max(1, workload.n_queries))
-
-
-def _info(workload: Workload) -> WorkloadInfo:
-    """The public structure strategies see (cached on the compiled workload)."""
-    info = getattr(workload, "_strategy_info", None)
-    if info is None:
-        info = WorkloadInfo.from_matrix(workload.W, workload.shape)
-        object.__setattr__(workload, "_strategy_info", info)
-    return info
+def _rho(expl: Explanation, eps, plan) -> float:
+    """zCDP cost recorded with the charge: Δ²/2σ² (Gaussian, Bun & Steinke 2016 Prop. 1.6,
+    grid slack included) or ε²/2 (pure ε-DP implies ε²/2-zCDP, ibid. Prop. 1.4)."""
+    if expl.mechanism == "laplace":
+        return float(eps) ** 2 / 2.0
+    return zcdp_rho(expl.sigma, plan.sensitivity + rounding_slack(expl.sigma,
+                                                                  plan.n_measurements))
 
 
 class InterruptedAfterRelease(KeyboardInterrupt):

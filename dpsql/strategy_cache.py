@@ -38,10 +38,12 @@ SCHEMA_SQL = """CREATE TABLE IF NOT EXISTS dpsql.strategy_cache (
 MODEL = "gaussian-l2"
 
 
-def fingerprint(name: str, strategy, info: WorkloadInfo) -> str:
+def fingerprint(name: str, strategy, info: WorkloadInfo, family: str = "gaussian") -> str:
+    """The cache key: strategy, privacy model (noise family), options, shape and ``V``."""
     h = hashlib.sha256()
     options = getattr(strategy, "options", None)
-    h.update(json.dumps([name, MODEL, repr(options), list(info.shape), info.n, info.m],
+    model = MODEL if family == "gaussian" else "laplace-l1"
+    h.update(json.dumps([name, model, repr(options), list(info.shape), info.n, info.m],
                         sort_keys=True).encode())
     h.update(np.ascontiguousarray(info.V, dtype=np.float64).tobytes())
     return h.hexdigest()

@@ -151,7 +151,8 @@ def test_ledger_and_policy_survive_reopening(tmp_path):
     (0.5, 1, {}, PrivacyParameterError),
     (0.5, 1.5, {}, PrivacyParameterError),
     (0.5, float("nan"), {}, PrivacyParameterError),
-    (0.5, 0, {}, PrivacyParameterError),                         # Gaussian needs delta > 0
+    (0.5, 0, {"calibration": "classic"}, PrivacyParameterError),  # Gaussian needs delta > 0
+    (0.5, 0, {"strategy": "optimal"}, StrategyError),            # a Gaussian strategy
     (1.0, 1e-6, {"calibration": "classic"}, PrivacyParameterError),
     (0.5, 1e-6, {"calibration": "textbook"}, PrivacyParameterError),
     (0.5, 1e-6, {"strategy": "nope"}, StrategyError),

@@ -305,3 +305,51 @@ def _product(lists):
         yield ()
         return
     yield from itertools.product(*lists)
+
+
+def query_columns(q: Query) -> frozenset:
+    """Every column a query reads: its predicate, its grouping sets and COUNT(col)."""
+    cols = set(_columns(q.where)) if q.where is not None else set()
+    for gs in q.grouping_sets:
+        cols.update(gs)
+    if q.count_column is not None:
+        cols.add(q.count_column)
+    return frozenset(cols)
+
+
+def compile_blocks(queries: list[Query], policy) -> list[tuple[Workload, tuple]]:
+    """The batch split into independent blocks: groups of columns that no query spans.
+
+    Two columns are in one block when some query reads both (connected components). A query
+    that reads no column (``COUNT(*)`` of the whole table) joins the first block. Each block
+    is compiled on its own columns only, so its cells are the product of *its* columns'
+    parts; returns ``(workload, statement indices)`` per block, blocks in order of their
+    first statement. This is the factored representation of MWEM (Hardt, Ligett & McSherry,
+    §4): a product distribution over the blocks answers every query.
+    """
+    parent: dict[str, str] = {}
+
+    def find(c: str) -> str:
+        while parent.setdefault(c, c) != c:
+            parent[c] = parent[parent[c]]
+            c = parent[c]
+        return c
+
+    for q in queries:
+        cols = sorted(query_columns(q))
+        for c in cols[1:]:
+            parent[find(c)] = find(cols[0])
+        if cols:
+            find(cols[0])
+    blocks: dict[str, list[int]] = {}
+    loose: list[int] = []
+    for i, q in enumerate(queries):
+        cols = query_columns(q)
+        if cols:
+            blocks.setdefault(find(next(iter(cols))), []).append(i)
+        else:
+            loose.append(i)
+    groups = list(blocks.values()) or [[]]
+    groups[0] = sorted(groups[0] + loose)
+    groups.sort(key=lambda g: g[0])
+    return [(compile_workload([queries[i] for i in g], policy), tuple(g)) for g in groups]

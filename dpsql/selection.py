@@ -1,0 +1,231 @@
+"""Strategy selection: the expected error of each candidate strategy, from public inputs only.
+
+For a compiled workload and a privacy request this module builds each candidate's plan
+(through the strategy cache when the strategy is costly), calibrates its noise, computes the
+exact per-answer standard errors by least squares, and picks the smallest expected RMSE. It
+never reads data and never touches the budget: ``explain`` is this module's output.
+
+Two noise families (the mechanism follows from δ):
+
+- ``gaussian`` for δ > 0: σ from the analytic Gaussian (Balle & Wang 2018) for the plan's
+  L2 sensitivity plus the sampler's grid slack; per-measurement variance σ².
+- ``laplace`` for δ = 0 (pure ε-DP): scale ``b`` for the plan's L1 sensitivity
+  (:func:`dpsql.laplace.laplace_scale`); per-measurement variance ``2 b²``.
+
+In both, the answers' covariance is ``variance · W (AᵀA)⁺ Wᵀ`` (Li & Miklau, Eigen-Design
+§2), so the least-squares error factors are shared. The singular value bound (svdb) gives the
+smallest total error of any strategy: ``P · svdb(W)`` with ``P`` the variance at sensitivity
+1. For Laplace, ``Δ₁ ≥ Δ₂`` column by column, so ``2 (Δ₁/ε)² tr(V (AᵀA)⁻¹) ≥ (2/ε²) svdb``:
+the same bound holds with ``P = 2/ε²``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from . import strategy_cache
+from .errors import StrategyError
+from .inference import LeastSquares
+from .noise import calibrate_with_rounding
+from .results import Candidate, Explanation
+from .sql.compile import Workload
+from .strategies import AUTO_CANDIDATES, REGISTRY, WorkloadInfo, bounds, spec
+
+#: auto skips a strategy whose estimated selection time exceeds this many seconds
+AUTO_TIME_LIMIT = 30.0
+
+
+def registry(family: str) -> tuple[dict, tuple]:
+    """(registry, candidates auto compares) of a noise family."""
+    if family == "laplace":
+        from .strategies.l1 import L1_AUTO_CANDIDATES, L1_REGISTRY
+
+        return L1_REGISTRY, L1_AUTO_CANDIDATES
+    return REGISTRY, AUTO_CANDIDATES
+
+
+def family_of(delta) -> str:
+    """``laplace`` (pure ε-DP) when δ = 0, else ``gaussian``."""
+    return "laplace" if delta == 0 else "gaussian"
+
+
+def noise_scale(family: str, plan, eps, dlt, calibration: str) -> tuple[float, float]:
+    """(scale, per-measurement variance) for ``plan`` in ``family``."""
+    if family == "laplace":
+        from .laplace import laplace_scale
+
+        b = laplace_scale(float(eps), plan.l1_sensitivity, plan.n_measurements)
+        return b, 2.0 * b * b
+    sigma = calibrate_with_rounding(float(eps), float(dlt), plan.sensitivity,
+                                    plan.n_measurements, calibration)
+    return sigma, sigma * sigma
+
+
+def resolve(strategy, family: str):
+    """(canonical spec, strategy object) for a requested strategy spec in ``family``.
+
+    A spec is a name with optional options, e.g. ``eigen(principal_vectors=32)``
+    (:mod:`dpsql.strategies.spec`)."""
+    names, _ = registry(family)
+    if not isinstance(strategy, str):
+        raise StrategyError(f"a strategy must be named by a string, got {strategy!r}")
+    name = spec.parse(strategy)[0]
+    if name in names:
+        return spec.resolve(strategy, names)
+    other = "gaussian" if family == "laplace" else "laplace"
+    if name in registry(other)[0] or name == "mwem":
+        why = ("it adds Gaussian noise, which needs delta > 0" if other == "gaussian" else
+               "it is a pure epsilon-DP strategy, asked for with delta = 0")
+        raise StrategyError(
+            f"strategy {name!r} cannot be used with delta "
+            f"{'= 0' if family == 'laplace' else '> 0'}: {why}; choose 'auto' or one of "
+            f"{sorted(names)}")
+    raise StrategyError(
+        f"unknown strategy {name!r}; choose 'auto' or one of {all_names()}")
+
+
+def all_names() -> list[str]:
+    """Every strategy name a request may use (either family, and mwem)."""
+    return sorted(set(REGISTRY) | set(registry("laplace")[0]) | {"mwem"})
+
+
+def check_spec(strategy) -> str:
+    """Validate a strategy spec before it is used (interfaces call this on SET): ``auto``,
+    ``mwem(...)`` or a strategy of either noise family with valid options. Returns the
+    spec, stripped. Which family applies is decided by δ when the request runs."""
+    if not isinstance(strategy, str):
+        raise StrategyError(f"a strategy must be named by a string, got {strategy!r}")
+    text = strategy.strip()
+    name = spec.parse(text)[0]
+    if name == "auto":
+        if text.lower() != "auto":
+            raise StrategyError("'auto' takes no options")
+        return "auto"
+    if name == "mwem":
+        from .adaptive import mwem_options
+
+        mwem_options(text, _NO_POLICY)
+        return text
+    for family in ("gaussian", "laplace"):
+        if name in registry(family)[0]:
+            spec.resolve(text, registry(family)[0])
+            return text
+    raise StrategyError(f"unknown strategy {name!r}; choose 'auto' or one of {all_names()}")
+
+
+class _NoPolicy:
+    """Stands for a table without a declared row count when options are checked early."""
+
+    rows = None
+    table = "?"
+
+
+_NO_POLICY = _NoPolicy()
+
+
+def plan_for(con, name: str, strategy, workload: Workload, family: str = "gaussian"):
+    """(plan, seconds, cached): the strategy's plan, from the cache when it is costly."""
+    info = workload_info(workload)
+    started = time.perf_counter()
+    key = None
+    if getattr(strategy, "cacheable", False) and con is not None:
+        key = strategy_cache.fingerprint(name, strategy, info, family)
+        plan = strategy_cache.load(con, key)
+        if plan is not None:
+            return plan, time.perf_counter() - started, True
+    plan = strategy.plan(info)
+    seconds = time.perf_counter() - started
+    if key is not None:
+        strategy_cache.store(con, key, plan, seconds)
+    return plan, seconds, False
+
+
+def candidate(con, family: str, name: str, strategy, workload: Workload, eps, dlt,
+              calibration: str, bound: float) -> Candidate:
+    plan, seconds, cached = plan_for(con, name, strategy, workload, family)
+    factors = LeastSquares(plan).error_factors(workload.W)
+    scale, variance = noise_scale(family, plan, eps, dlt, calibration)
+    stderr = np.sqrt(variance * np.maximum(factors, 0.0))
+    rmse = float(np.sqrt(np.mean(stderr ** 2))) if len(stderr) else 0.0
+    sensitivity = plan.l1_sensitivity if family == "laplace" else plan.sensitivity
+    return Candidate(name, scale, sensitivity, rmse, stderr, seconds=seconds,
+                     bound_ratio=rmse / bound if bound > 0 else math.nan, cached=cached,
+                     plan=plan, mechanism=family)
+
+
+def select(con, policy, workload: Workload, eps, dlt, strategy: str,
+           calibration: str) -> Explanation:
+    """Every candidate's expected error and the best one (no data, no budget)."""
+    family = family_of(dlt)
+    known, auto = registry(family)
+    if strategy == "auto":
+        names = [(n, known[n]) for n in auto]
+    else:
+        names = [resolve(strategy, family)]
+    bound = bound_rmse(family, eps, dlt, calibration, svdb(workload_info(workload)),
+                       workload.n_queries)
+    candidates = []
+    for name, obj in names:
+        estimate = getattr(obj, "estimated_seconds", None)
+        seconds = estimate(workload_info(workload)) if estimate is not None else 0.0
+        if strategy == "auto" and seconds > AUTO_TIME_LIMIT:
+            candidates.append(Candidate(
+                name, math.nan, math.nan, math.nan, np.zeros(0), mechanism=family,
+                note=f"skipped by auto: estimated {seconds:.0f} s to select, over the "
+                     f"{AUTO_TIME_LIMIT:.0f} s limit (ask for it by name)"))
+            continue
+        try:
+            candidates.append(candidate(con, family, name, obj, workload, eps, dlt,
+                                        calibration, bound))
+        except StrategyError as exc:
+            if strategy != "auto":
+                raise
+            candidates.append(Candidate(name, math.nan, math.nan, math.nan, np.zeros(0),
+                                        note=str(exc), mechanism=family))
+    usable = [c for c in candidates if np.isfinite(c.rmse)]
+    if not usable:
+        raise StrategyError("no strategy can answer this batch: "
+                            + "; ".join(c.note for c in candidates))
+    best = min(usable, key=lambda c: c.rmse)
+    return Explanation(policy.table, float(eps), float(dlt), best.strategy, best.sigma,
+                       best.rmse, best.stderr, workload.n_queries, workload.n_cells,
+                       tuple(candidates),
+                       tuple((o.query.index, o.start, o.stop) for o in workload.outputs),
+                       bound_rmse=bound, mechanism=family)
+
+
+def svdb(info: WorkloadInfo) -> float:
+    """Singular value bound on ``tr(V (AᵀA)⁻¹)·||A||²`` (:func:`strategies.bounds.svdb`).
+
+    With few queries the eigenvalues come from the m x m matrix ``W Wᵀ`` (same non-zero
+    spectrum), else from ``V``.
+    """
+    if info.W is not None and info.W.shape[0] < info.n:
+        lam = np.linalg.eigvalsh((info.W @ info.W.T).toarray())
+        return bounds.svdb_from_eigenvalues(lam, info.n)
+    return bounds.svdb(info.V, info.n)
+
+
+def bound_rmse(family: str, eps, dlt, calibration: str, bound_total: float,
+               n_queries: int) -> float:
+    """The RMSE no strategy of ``family`` can beat (the variance at sensitivity 1 × svdb)."""
+    if family == "laplace":
+        from .laplace import laplace_scale
+
+        b = laplace_scale(float(eps), 1.0, 1)
+        variance = 2.0 * b * b
+    else:
+        variance = calibrate_with_rounding(float(eps), float(dlt), 1.0, 1, calibration) ** 2
+    return math.sqrt(variance * bound_total / max(1, n_queries))
+
+
+def workload_info(workload: Workload) -> WorkloadInfo:
+    """The public structure strategies see (cached on the compiled workload)."""
+    info = getattr(workload, "_strategy_info", None)
+    if info is None:
+        info = WorkloadInfo.from_matrix(workload.W, workload.shape)
+        object.__setattr__(workload, "_strategy_info", info)
+    return info
