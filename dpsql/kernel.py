@@ -98,7 +98,7 @@ class Kernel:
         del x
         if mechanism == "laplace":
             y, grid = self.sampler.laplace(values, sigma, sensitivity=plan.l1_sensitivity,
-                                           epsilon=_float_at_most(request.cost.epsilon))
+                                           epsilon=request.cost.epsilon)
         else:
             y, grid = self.sampler.sample(values, sigma, sensitivity=plan.sensitivity)
         return Measurement(release_id, names, np.asarray(y, dtype=float), sigma, grid,
@@ -170,14 +170,6 @@ class Kernel:
         return release_id, names, result, self.private
 
 
-def _float_at_most(value: Fraction) -> float:
-    """The largest double not above ``value``: a per-step ε is never rounded up."""
-    f = float(value)
-    if Fraction(f) > value:
-        f = math.nextafter(f, 0.0)
-    return f
-
-
 class MeasureOracle:
     """The measure callback of data-dependent algorithms: noisy answers, never the counts.
 
@@ -205,7 +197,7 @@ class MeasureOracle:
         self._xs = []
         self._cache = {}
 
-    def _spend(self, epsilon) -> float:
+    def _spend(self, epsilon) -> Fraction:
         eps = Fraction(epsilon)
         if eps <= 0:
             raise StrategyError("internal error: a measurement must spend epsilon > 0")
@@ -214,7 +206,7 @@ class MeasureOracle:
                 f"internal error: the algorithm asked for more than its charged epsilon "
                 f"({float(self.spent + eps)!r} > {float(self.budget)!r}); refusing")
         self.spent += eps
-        return _float_at_most(eps)
+        return eps
 
     def _x(self, block: int) -> np.ndarray:
         if not self._xs:

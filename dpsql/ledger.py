@@ -13,6 +13,9 @@ Metric (d_X) releases are charged to the table's separate metric budget: their �
 distance goes to ``metric_epsilon_exact`` and their standard ε and δ are 0, so the two kinds
 of budget are never summed together.
 
+Totals: :func:`spent` composes the charges with the accountant of :mod:`dpsql.composition`
+(basic composition, or zCDP when tighter); the budget check in :func:`charge` uses the same.
+
 Atomicity: :func:`charge` runs inside one transaction on a connection that holds the
 database exclusively (see :mod:`dpsql.engine`), so the budget check and the ledger insert
 cannot interleave with another charge, in this process or another. A refused charge writes
@@ -27,7 +30,8 @@ from typing import Sequence
 
 import duckdb
 
-from .accounting import PrivacyCost, check_budget, fraction_from_text, fraction_to_text
+from . import composition
+from .accounting import PrivacyCost, fraction_from_text, fraction_to_text
 from .engine import engine_errors
 from .errors import BudgetExceededError, PolicyError
 from .policy import TablePolicy
@@ -62,10 +66,12 @@ SCHEMA_SQL = [
         release_name VARCHAR UNIQUE,
         bound_ratio DOUBLE,
         metric_epsilon DOUBLE,
-        metric_epsilon_exact VARCHAR)""",
-    # ledgers written before metric privacy existed
+        metric_epsilon_exact VARCHAR,
+        request VARCHAR)""",
+    # ledgers written by earlier versions
     "ALTER TABLE dpsql.ledger ADD COLUMN IF NOT EXISTS metric_epsilon DOUBLE",
     "ALTER TABLE dpsql.ledger ADD COLUMN IF NOT EXISTS metric_epsilon_exact VARCHAR",
+    "ALTER TABLE dpsql.ledger ADD COLUMN IF NOT EXISTS request VARCHAR",
     """CREATE TABLE IF NOT EXISTS dpsql.release_tables (
         release_id BIGINT NOT NULL,
         statement_index INTEGER NOT NULL,
@@ -77,7 +83,7 @@ SCHEMA_SQL = [
 LEDGER_COLUMNS = (
     "release_id, created_at, table_name, epsilon, delta, mechanism, strategy, calibration, "
     "sigma, sensitivity, n_queries, n_cells, expected_rmse, sql_text, result_tables, private, "
-    "status, release_name, bound_ratio, metric_epsilon"
+    "status, release_name, bound_ratio, metric_epsilon, request"
 )
 
 
@@ -124,17 +130,36 @@ def load_policies(con) -> dict[str, TablePolicy]:
     return {name: TablePolicy.from_json(text) for name, text in rows}
 
 
-def spent(con, table: str) -> PrivacyCost:
-    """Exact total charged to ``table`` (every row counts, released or not)."""
+def spends(con, table: str) -> list:
+    """Every standard-DP charge of ``table`` as the accountant sees it (released or not;
+    metric releases have their own budget)."""
     if not has_schema(con):
-        return PrivacyCost.zero()
+        return []
     with engine_errors("reading the ledger"):
-        rows = con.execute("SELECT epsilon_exact, delta_exact FROM dpsql.ledger "
-                           "WHERE table_name = ?", [table]).fetchall()
-    total = PrivacyCost.zero()
-    for eps, delta in rows:
-        total = total + PrivacyCost(fraction_from_text(eps), fraction_from_text(delta))
-    return total
+        rows = con.execute("SELECT epsilon_exact, delta_exact, mechanism, rho FROM dpsql.ledger "
+                           "WHERE table_name = ? AND metric_epsilon_exact IS NULL",
+                           [table]).fetchall()
+    return [composition.Spend.of(fraction_from_text(eps), fraction_from_text(delta),
+                                 mechanism, rho) for eps, delta, mechanism, rho in rows]
+
+
+def spent(con, table: str) -> PrivacyCost:
+    """Total charged to ``table`` by the accountant (:mod:`dpsql.composition`): basic
+    composition in exact fractions, or the zCDP total when that is smaller."""
+    return composition.compose(spends(con, table))[0]
+
+
+def accounting_method(con, table: str) -> str:
+    """``basic`` or ``zcdp``: which bound gives the table's current total."""
+    return composition.compose(spends(con, table))[1]
+
+
+def check_fits(con, policy: TablePolicy, cost: PrivacyCost, mechanism: str,
+               rho: float | None) -> None:
+    """Refuse a request the budget cannot take under the accountant (writes nothing)."""
+    composition.check(policy.table, spends(con, policy.table),
+                      composition.Spend.of(cost.epsilon, cost.delta, mechanism, rho),
+                      PrivacyCost(policy.epsilon, policy.delta))
 
 
 def spent_metric(con, table: str) -> Fraction:
@@ -179,6 +204,7 @@ class Charge:
     release_name: str | None = None  # unique; re-running a named release never re-noises
     bound_ratio: float | None = None  # expected RMSE / singular value bound RMSE
     metric_epsilon: Fraction | None = None  # d_X releases: ε per unit distance charged
+    request: str | None = None        # the request's parameters as asked (JSON), for replays
 
 
 def charge(con, policy: TablePolicy, request: Charge) -> tuple[int, list[str]]:
@@ -194,8 +220,9 @@ def charge(con, policy: TablePolicy, request: Charge) -> tuple[int, list[str]]:
     with engine_errors("charging the ledger"):
         con.execute("BEGIN TRANSACTION")
     try:
-        already = spent(con, policy.table)
-        check_budget(policy.table, already, request.cost, limit)
+        composition.check(policy.table, spends(con, policy.table),
+                          composition.Spend.of(request.cost.epsilon, request.cost.delta,
+                                               request.mechanism, request.rho), limit)
         if request.metric_epsilon is not None:
             check_metric(con, policy, request.metric_epsilon)
         with engine_errors("charging the ledger"):
@@ -207,9 +234,9 @@ def charge(con, policy: TablePolicy, request: Charge) -> tuple[int, list[str]]:
                 "INSERT INTO dpsql.ledger (release_id, table_name, epsilon, delta, epsilon_exact,"
                 " delta_exact, rho, mechanism, strategy, calibration, sigma, sensitivity, "
                 "n_queries, n_cells, expected_rmse, sql_text, result_tables, private, status, "
-                "release_name, bound_ratio, metric_epsilon, metric_epsilon_exact) "
+                "release_name, bound_ratio, metric_epsilon, metric_epsilon_exact, request) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'charged', ?, ?, "
-                "?, ?)",
+                "?, ?, ?)",
                 [next_id, policy.table, float(request.cost.epsilon), float(request.cost.delta),
                  fraction_to_text(request.cost.epsilon), fraction_to_text(request.cost.delta),
                  request.rho, request.mechanism, request.strategy, request.calibration,
@@ -218,7 +245,7 @@ def charge(con, policy: TablePolicy, request: Charge) -> tuple[int, list[str]]:
                  request.private, request.release_name, request.bound_ratio,
                  None if request.metric_epsilon is None else float(request.metric_epsilon),
                  None if request.metric_epsilon is None
-                 else fraction_to_text(request.metric_epsilon)])
+                 else fraction_to_text(request.metric_epsilon), request.request])
             con.execute("COMMIT")
         return int(next_id), names
     except BaseException:

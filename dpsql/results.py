@@ -20,6 +20,8 @@ from .engine import key_sql_type
 
 Z95 = 1.959963984540054  # Φ⁻¹(0.975)
 
+_NOISE_SHORT = {"gaussian": "gauss", "laplace": "laplace", "mwem": "mwem", "dx_laplace": "d_X"}
+
 
 @dataclass(frozen=True)
 class Candidate:
@@ -70,7 +72,9 @@ class Explanation:
         return self.rmse / self.bound_rmse if self.bound_rmse > 0 else math.nan
 
     def __str__(self) -> str:
-        noise = {"gaussian": "Gaussian noise, sigma", "laplace": "Laplace noise (pure epsilon-DP), scale b",
+        noise = {"gaussian": "noise: Gaussian (sigma); Laplace (scale b, pure epsilon, no "
+                             "delta spent) competes under auto",
+                 "laplace": "noise: Laplace (pure epsilon-DP), scale b",
                  "mwem": "MWEM (pure epsilon-DP, data-dependent)",
                  "dx_laplace": "d_X Laplace (metric privacy; epsilon per unit distance)"}
         bound = (f"; lower bound (svdb) RMSE {self.bound_rmse:.4g}"
@@ -79,20 +83,22 @@ class Explanation:
             f"table {self.table}: {self.n_queries} queries over {self.n_cells} cells; "
             f"epsilon={self.epsilon:g}, delta={self.delta:g}; "
             f"{noise.get(self.mechanism, self.mechanism)}{bound}",
-            f"{'strategy':<12} {'scale':>10} {'sensitivity':>11} {'expected RMSE':>14} "
-            f"{'x bound':>8} {'seconds':>8}",
+            f"{'strategy':<12} {'noise':<8} {'scale':>10} {'sensitivity':>11} "
+            f"{'expected RMSE':>14} {'x bound':>8} {'seconds':>8}",
         ]
         for c in self.candidates:
-            mark = " <- chosen" if c.strategy == self.strategy else ""
+            mark = (" <- chosen" if c.strategy == self.strategy
+                    and c.mechanism == self.mechanism else "")
+            noise = _NOISE_SHORT.get(c.mechanism, c.mechanism)
             if np.isfinite(c.rmse):
                 cached = " (cached)" if c.cached else ""
                 gap = f" gap {c.gap:.1e}" if math.isfinite(c.gap) else ""
-                lines.append(f"{c.strategy:<12} {c.sigma:>10.4g} {c.sensitivity:>11.4g} "
-                             f"{c.rmse:>14.4g} {c.bound_ratio:>8.3f} {c.seconds:>8.2f}"
-                             f"{mark}{cached}{gap}")
+                lines.append(f"{c.strategy:<12} {noise:<8} {c.sigma:>10.4g} "
+                             f"{c.sensitivity:>11.4g} {c.rmse:>14.4g} {c.bound_ratio:>8.3f} "
+                             f"{c.seconds:>8.2f}{mark}{cached}{gap}")
             else:
-                lines.append(f"{c.strategy:<12} {'-':>10} {'-':>11} {'n/a':>14} {'-':>8} "
-                             f"{c.seconds:>8.2f}  {c.note}")
+                lines.append(f"{c.strategy:<12} {noise:<8} {'-':>10} {'-':>11} {'n/a':>14} "
+                             f"{'-':>8} {c.seconds:>8.2f}  {c.note}")
         return "\n".join(lines)
 
 

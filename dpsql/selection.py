@@ -5,7 +5,9 @@ For a compiled workload and a privacy request this module builds each candidate'
 exact per-answer standard errors by least squares, and picks the smallest expected RMSE. It
 never reads data and never touches the budget: ``explain`` is this module's output.
 
-Two noise families (the mechanism follows from δ):
+Two noise families. With δ = 0 only Laplace applies; with δ > 0, ``auto`` compares the best
+of both and picks the smaller expected RMSE (a Laplace choice spends ε and no δ); a strategy
+named explicitly with δ > 0 means Gaussian noise.
 
 - ``gaussian`` for δ > 0: σ from the analytic Gaussian (Balle & Wang 2018) for the plan's
   L2 sensitivity plus the sampler's grid slack; per-measurement variance σ².
@@ -57,7 +59,7 @@ def noise_scale(family: str, plan, eps, dlt, calibration: str) -> tuple[float, f
     if family == "laplace":
         from .laplace import laplace_scale
 
-        b = laplace_scale(float(eps), plan.l1_sensitivity, plan.n_measurements)
+        b = laplace_scale(eps, plan.l1_sensitivity, plan.n_measurements)
         return b, 2.0 * b * b
     sigma = calibrate_with_rounding(float(eps), float(dlt), plan.sensitivity,
                                     plan.n_measurements, calibration)
@@ -162,13 +164,21 @@ def select(con, policy, workload: Workload, eps, dlt, strategy: str,
     family = family_of(dlt)
     known, auto = registry(family)
     if strategy == "auto":
-        names = [(n, known[n]) for n in auto]
+        names = [(family, n, known[n]) for n in auto]
+        if family == "gaussian" and policy.delta == 0:
+            family = "laplace"         # a pure budget: only pure mechanisms may spend it
+            names = [(family, n, registry(family)[0][n]) for n in registry(family)[1]]
+        elif family == "gaussian":    # Laplace (pure ε, no δ spent) competes too
+            l1, l1_auto = registry("laplace")
+            names += [("laplace", n, l1[n]) for n in l1_auto]
     else:
-        names = [resolve(strategy, family)]
-    bound = bound_rmse(family, eps, dlt, calibration, svdb(workload_info(workload)),
-                       workload.n_queries)
+        names = [(family, *resolve(strategy, family))]
+    total = svdb(workload_info(workload))
+    bounds_by = {f: bound_rmse(f, eps, dlt, calibration, total, workload.n_queries)
+                 for f in {f for f, _, _ in names}}
     candidates = []
-    for name, obj in names:
+    for family, name, obj in names:
+        bound = bounds_by[family]
         estimate = getattr(obj, "estimated_seconds", None)
         seconds = estimate(workload_info(workload)) if estimate is not None else 0.0
         if strategy == "auto" and seconds > AUTO_TIME_LIMIT:
@@ -194,7 +204,7 @@ def select(con, policy, workload: Workload, eps, dlt, strategy: str,
                        best.rmse, best.stderr, workload.n_queries, workload.n_cells,
                        tuple(candidates),
                        tuple((o.query.index, o.start, o.stop) for o in workload.outputs),
-                       bound_rmse=bound, mechanism=family)
+                       bound_rmse=bounds_by[best.mechanism], mechanism=best.mechanism)
 
 
 def svdb(info: WorkloadInfo) -> float:
@@ -215,7 +225,7 @@ def bound_rmse(family: str, eps, dlt, calibration: str, bound_total: float,
     if family == "laplace":
         from .laplace import laplace_scale
 
-        b = laplace_scale(float(eps), 1.0, 1)
+        b = laplace_scale(eps, 1.0, 1)
         variance = 2.0 * b * b
     else:
         variance = calibrate_with_rounding(float(eps), float(dlt), 1.0, 1, calibration) ** 2

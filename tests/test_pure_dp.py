@@ -89,11 +89,13 @@ def test_pure_budget_accepts_only_pure_requests(tmp_path):
     db = make_adult_db(str(tmp_path / "a.duckdb"), epsilon=1, delta=0,
                        sampler=SeededTestSampler(1))
     before = snapshot(db)
-    with pytest.raises(BudgetExceededError, match="delta"):
-        db.answer(BATCH, epsilon=0.1, delta=1e-9)
+    with pytest.raises(BudgetExceededError, match="delta"):    # Gaussian noise asked for
+        db.answer(BATCH, epsilon=0.1, delta=1e-9, strategy="identity")
     assert snapshot(db) == before
+    r = db.answer(BATCH, epsilon=0.1, delta=1e-9)    # auto: only Laplace fits, none spent
+    assert r.delta == 0 and db.ledger()[-1]["mechanism"] == "laplace"
     db.answer(BATCH, epsilon=Fraction(1, 10), delta=0)
-    assert db.budget("adult")["epsilon_spent"] == Fraction(1, 10)
+    assert db.budget("adult")["epsilon_spent"] == Fraction(2, 10)
     assert db.budget("adult")["delta_spent"] == 0
 
 

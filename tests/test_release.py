@@ -109,22 +109,37 @@ def test_create_table_refuses_to_overwrite_and_charges_nothing(adult_db):
 
 
 def test_budget_exact_fit_then_refusal_charges_nothing(tmp_path):
-    db = make_adult_db(str(tmp_path / "b.duckdb"), epsilon=1.0, delta=1e-5)
+    """Pure releases (basic composition, exact sums): 0.1 + 0.2 + 0.7 lands exactly on 1."""
+    db = make_adult_db(str(tmp_path / "b.duckdb"), epsilon=1.0, delta=0)
     q = "SELECT COUNT(*) FROM adult WHERE sex = 'Female'"
-    db.answer(q, epsilon=0.1, delta=1e-6)
-    db.answer(q, epsilon=0.2, delta=1e-6)
-    db.answer(q, epsilon=0.7, delta=8e-6)            # exactly fits: 0.1 + 0.2 + 0.7 = 1
+    db.answer(q, epsilon=0.1, delta=0)
+    db.answer(q, epsilon=0.2, delta=0)
+    db.answer(q, epsilon=0.7, delta=0)            # exactly fits: 0.1 + 0.2 + 0.7 = 1
     b = db.budget("adult")
     assert b["epsilon_spent"] == 1 and b["epsilon_remaining"] == 0
-    assert b["delta_spent"] == Fraction(1, 10**5) and b["delta_remaining"] == 0
+    assert b["delta_spent"] == 0 and b["accounting"] == "basic"
     before = snapshot(db)
     with pytest.raises(BudgetExceededError) as exc:
-        db.answer(q, epsilon=1e-9, delta=1e-12)
+        db.answer(q, epsilon=1e-9, delta=0)
     msg = str(exc.value)
     assert "spent 1" in msg and "requested 1e-09" in msg and "limit 1" in msg
     assert exc.value.spent == 1 and exc.value.limit == 1
     assert snapshot(db) == before
     db.close()
+
+
+def test_gaussian_deltas_add_exactly_to_the_limit(tmp_path):
+    db = make_adult_db(str(tmp_path / "d.duckdb"), epsilon=10.0, delta=1e-5)
+    q = "SELECT COUNT(*) FROM adult WHERE sex = 'Female'"
+    for eps, dlt in ((0.1, 1e-6), (0.2, 1e-6), (0.7, 8e-6)):
+        db.answer(q, epsilon=eps, delta=dlt, strategy="identity")   # Gaussian pinned
+    b = db.budget("adult")
+    assert b["delta_spent"] == Fraction(1, 10**5) and b["delta_remaining"] == 0
+    assert b["epsilon_spent"] <= 1                 # zCDP may account it below 0.1+0.2+0.7
+    before = snapshot(db)
+    with pytest.raises(BudgetExceededError, match="delta"):
+        db.answer(q, epsilon=0.1, delta=1e-12, strategy="identity")
+    assert snapshot(db) == before
 
 
 def test_ledger_and_policy_survive_reopening(tmp_path):
