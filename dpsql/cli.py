@@ -4,7 +4,8 @@
     dpsql shell DB [-e SQL] [-f FILE] [--csv] [--epsilon E] [--delta D]
     dpsql protect DB POLICY.toml [--table T] [--replace]
     dpsql run DB SCRIPT.sql [--epsilon E] [--delta D] [--strategy S] [--calibration C]
-                            [--release NAME] [--replace] [--dry-run] [--csv | --quiet]
+                            [--model dp|metric] [--release NAME] [--replace] [--dry-run]
+                            [--csv | --quiet]
     dpsql explain DB SCRIPT.sql [same options]      (= run --dry-run)
     dpsql budget DB
     dpsql ledger DB
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import math
 import os
 import sys
 import tempfile
@@ -43,20 +45,30 @@ def _read_script(path: str) -> str:
         return sys.stdin.read()
     if not os.path.isfile(path):
         raise DpsqlError(f"script {path!r} does not exist")
-    with open(path, encoding="utf-8") as f:
-        return f.read()
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except UnicodeDecodeError:
+        raise DpsqlError(f"script {path!r} is not UTF-8 text; save it as UTF-8") from None
 
 
 def _privacy_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--epsilon", type=_number,
                    help="epsilon per workload, unless the script sets dpsql.epsilon")
     p.add_argument("--delta", type=_number,
-                   help="delta per workload (> 0), unless the script sets dpsql.delta")
-    p.add_argument("--strategy", help="auto (default), identity or workload, unless the "
+                   help="delta per workload (0: pure epsilon-DP, Laplace noise), unless the "
+                        "script sets dpsql.delta")
+    p.add_argument("--strategy", help="auto (default), a strategy name, or a spec with "
+                                      "options such as 'eigen(principal_vectors=32)' or "
+                                      "'mwem(rounds=20)' (mwem needs delta 0), unless the "
                                       "script sets dpsql.strategy")
     p.add_argument("--calibration", choices=["analytic", "classic"],
                    help="Gaussian calibration (default analytic; classic only for "
                         "epsilon < 1), unless the script sets dpsql.calibration")
+    p.add_argument("--model", choices=["dp", "metric"],
+                   help="privacy model (default dp; metric: d_X privacy under the table's "
+                        "declared metric, epsilon per unit distance, delta 0), unless the "
+                        "script sets dpsql.model")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -107,14 +119,41 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _budget_rows(budgets: dict) -> list:
-    return [(t, float(b["epsilon_spent"]), float(b["epsilon_limit"]),
-             float(b["epsilon_remaining"]), float(b["delta_spent"]), float(b["delta_limit"]),
-             float(b["delta_remaining"])) for t, b in sorted(budgets.items())]
-
-
 BUDGET_COLUMNS = ("table", "eps_spent", "eps_limit", "eps_left", "delta_spent", "delta_limit",
                   "delta_left")
+METRIC_COLUMNS = ("metric_eps_spent", "metric_eps_limit", "metric_eps_left")
+_METRIC_KEYS = ("metric_epsilon_spent", "metric_epsilon_limit", "metric_epsilon_remaining")
+
+
+def _budget_rows(budgets: dict) -> list:
+    metric = any("metric_epsilon_limit" in b for b in budgets.values())
+    rows = []
+    for t, b in sorted(budgets.items()):
+        row = (t, float(b["epsilon_spent"]), float(b["epsilon_limit"]),
+               float(b["epsilon_remaining"]), float(b["delta_spent"]), float(b["delta_limit"]),
+               float(b["delta_remaining"]))
+        if metric:
+            row += tuple(float(b[k]) if k in b else None for k in _METRIC_KEYS)
+        rows.append(row)
+    return rows
+
+
+def budget_table(budgets: dict, title: str | None = None) -> str:
+    """The budget per table; metric (d_X) budget columns when a table declares a metric
+    (epsilon per unit distance; NULL for tables without one)."""
+    metric = any("metric_epsilon_limit" in b for b in budgets.values())
+    return format_table(BUDGET_COLUMNS + (METRIC_COLUMNS if metric else ()),
+                        _budget_rows(budgets), title=title)
+
+
+def _rmse(value) -> str:
+    """An expected RMSE for display: ``n/a`` when there is none (MWEM: data-dependent)."""
+    return "n/a" if value is None or not math.isfinite(value) else f"{value:.4g}"
+
+
+def release_text(release) -> str:
+    """A release as printed: ``expected RMSE=n/a`` when the error is data-dependent."""
+    return str(release).replace("expected RMSE=nan", "expected RMSE=n/a")
 
 
 def _require_db(path: str) -> None:
@@ -170,14 +209,16 @@ def _dispatch(args) -> int:
     if args.command == "budget":
         _require_db(args.db)
         with connect(args.db) as db:
-            print(format_table(BUDGET_COLUMNS, _budget_rows(db.budget())))
+            print(budget_table(db.budget()))
         return 0
     if args.command == "ledger":
         _require_db(args.db)
         with connect(args.db) as db:
             rows = db.ledger()
         cols = ("release_id", "release_name", "created_at", "table_name", "epsilon", "delta",
-                "strategy", "n_queries", "result_tables", "private", "status")
+                "mechanism", "strategy", "n_queries", "result_tables", "private", "status")
+        if any(r.get("metric_epsilon") is not None for r in rows):
+            cols = cols[:6] + ("metric_epsilon",) + cols[6:]
         print(format_table(cols, [tuple(str(r[c]) if c in ("created_at", "result_tables")
                                         else r[c] for c in cols) for r in rows]))
         return 0
@@ -192,7 +233,7 @@ def _script(args, *, dry_run: bool) -> int:
     _require_db(args.db)
     script = parse_script(_read_script(args.script), epsilon=args.epsilon, delta=args.delta,
                           strategy=args.strategy, calibration=args.calibration,
-                          release=args.release)
+                          model=args.model, release=args.release)
     out = _ScriptOutput(args, len(script.workloads))
     with connect(args.db) as db:
         plan = check_script(db, script, replace=args.replace)
@@ -206,13 +247,19 @@ def _script(args, *, dry_run: bool) -> int:
         if not (args.csv or args.quiet):
             tables = sorted({o.release.table for o in outcomes})
             print()
-            print(format_table(BUDGET_COLUMNS, _budget_rows({t: db.budget(t) for t in tables}),
-                               title="budget"))
+            print(budget_table({t: db.budget(t) for t in tables}, title="budget"))
     return 0
 
 
-def _cost(eps, dlt) -> str:
+def _cost(eps, dlt, model: str = "dp") -> str:
+    if model == "metric":
+        return f"metric epsilon={float(eps):g} (per unit distance)"
     return f"epsilon={float(eps):g}, delta={float(dlt):g}"
+
+
+def _csv_number(value):
+    """NaN (no sigma or expected RMSE: MWEM, d_X) as an empty CSV field."""
+    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else value
 
 
 class _ScriptOutput:
@@ -237,26 +284,35 @@ class _ScriptOutput:
     def plan(self, plan) -> None:
         if self.csv is not None:
             self._block(("workload", "lines", "release", "status", "table", "epsilon", "delta",
-                         "strategy", "sigma", "expected_rmse", "n_queries", "n_cells"))
+                         "strategy", "sigma", "expected_rmse", "n_queries", "n_cells",
+                         "model"))
         for item in plan.items:
             w, e, rec = item.workload, item.explanation, item.recorded
+            cost = _cost(w.epsilon, w.delta, w.model)
             if self.csv is not None:
                 self.csv.writerow((w.number, w.lines, w.name, "new" if rec is None else
                                    "recorded", e.table, float(w.epsilon), float(w.delta),
-                                   e.strategy, e.sigma, e.rmse, e.n_queries, e.n_cells))
+                                   e.strategy, _csv_number(e.sigma), _csv_number(e.rmse),
+                                   e.n_queries, e.n_cells, w.model))
             elif rec is not None:
                 print(f"{self._head(w)}: already released as release {rec['release_id']}; "
                       "nothing would be charged")
             elif self.quiet:
-                print(f"{self._head(w)}: would charge {_cost(w.epsilon, w.delta)} on "
-                      f"{e.table}; strategy {e.strategy}, expected RMSE {e.rmse:.4g}")
+                print(f"{self._head(w)}: would charge {cost} on {e.table}; strategy "
+                      f"{e.strategy}, expected RMSE {_rmse(e.rmse)}")
             else:
-                print(f"{self._head(w)}: would charge {_cost(w.epsilon, w.delta)}\n{e}\n")
+                print(f"{self._head(w)}: would charge {cost}\n{e}\n")
         if self.csv is None and not self.quiet:
-            totals = "; ".join(f"{t} {_cost(c.epsilon, c.delta)} of the remaining "
-                               f"{_cost(plan.remaining[t].epsilon, plan.remaining[t].delta)}"
-                               for t, c in plan.to_charge.items()) or "nothing"
-            print(f"dry run: nothing was read or spent; a run would charge {totals}")
+            totals = [f"{t} {_cost(c.epsilon, c.delta)} of the remaining "
+                      f"{_cost(plan.remaining[t].epsilon, plan.remaining[t].delta)}"
+                      for t, c in plan.to_charge.items()]
+            totals += [f"{t} {_cost(eps, 0, 'metric')} of the remaining "
+                       f"{_cost(plan.remaining_metric[t], 0, 'metric')}"
+                       if plan.remaining_metric.get(t) is not None else
+                       f"{t} {_cost(eps, 0, 'metric')}"
+                       for t, eps in plan.to_charge_metric.items()]
+            print("dry run: nothing was read or spent; a run would charge "
+                  + ("; ".join(totals) or "nothing"))
 
     def outcome(self, o) -> None:
         w, r = o.workload, o.release
@@ -273,10 +329,12 @@ class _ScriptOutput:
         else:
             what = f"released as release {r.release_id} on {r.table}"
         if self.quiet:
-            cost = "" if r.reused else f" ({_cost(r.epsilon, r.delta)}, strategy {r.strategy})"
+            cost = ("" if r.reused else
+                    f" ({_cost(r.epsilon, r.delta, w.model)}, strategy {r.strategy})")
             print(f"{self._head(w)}: {what}{cost}; tables: {', '.join(r.tables)}", flush=True)
         else:
-            print(("\n" if self.blocks else "") + f"{self._head(w)}: {what}\n{r}", flush=True)
+            print(("\n" if self.blocks else "") + f"{self._head(w)}: {what}\n"
+                  f"{release_text(r)}", flush=True)
             self.blocks += 1
 
 
@@ -309,9 +367,9 @@ def demo(path: str | None = None) -> int:
         print(explanation)
         print()
         release = db.answer(sql, epsilon=0.5, delta=1e-6)
-        print(release)
+        print(release_text(release))
         print()
-        print(format_table(BUDGET_COLUMNS, _budget_rows(db.budget()), title="budget"))
+        print(budget_table(db.budget(), title="budget"))
         print(f"\nResult tables are plain DuckDB tables in {path}: e.g.\n"
               f"    duckdb {path} \"SELECT * FROM demo_income\"")
     return 0

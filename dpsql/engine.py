@@ -122,6 +122,12 @@ def engine_errors(what: str) -> Iterator[None]:
     """Turn any DuckDB failure into an EngineError that withholds the engine's text."""
     try:
         yield
+    except RuntimeError as exc:
+        if str(exc) == "Query interrupted":    # DuckDB's answer to Ctrl-C mid-query
+            raise KeyboardInterrupt from None
+        raise
+    except duckdb.InterruptException:
+        raise KeyboardInterrupt from None
     except duckdb.Error as exc:
         raise EngineError(
             f"the database engine failed while {what} ({type(exc).__name__}; details "

@@ -4,8 +4,10 @@ A script is a sequence of statements separated by ``;``; comments (``--``, ``/* 
 appear anywhere. A statement is either a *setting* or a *query*:
 
 - ``SET dpsql.<name> = <value>;`` (``TO`` works too) where name is ``epsilon`` or ``delta``
-  (a number literal), ``strategy``, ``calibration`` or ``release`` (a string literal). Any
-  other ``SET`` is refused with its line and column.
+  (a number literal; ``delta = 0`` asks for pure epsilon-DP), ``strategy`` (a spec such as
+  ``'eigen(principal_vectors=32)'`` or ``'mwem(rounds=20)'``), ``calibration``, ``model``
+  (``'dp'`` or ``'metric'``) or ``release`` (a string literal). Any other ``SET`` is refused
+  with its line and column.
 - a query: anything :meth:`Session.answer` accepts (``SELECT ... COUNT(*) ...``,
   ``CREATE [OR REPLACE] TABLE name AS SELECT ...``).
 
@@ -14,7 +16,7 @@ appear anywhere. A statement is either a *setting* or a *query*:
 that follows a query ends the current workload; the next query starts a new one. Settings
 carry over from one workload to the next until changed. A ``SET`` followed by no query is
 refused (it would have no effect). The caller's defaults (the command line's ``--epsilon``,
-``--delta``, ``--strategy``, ``--calibration``) apply until a ``SET`` overrides them; the
+``--delta``, ``--strategy``, ``--calibration``, ``--model``) apply until a ``SET`` overrides them; the
 caller's ``release`` overrides every ``SET dpsql.release``.
 
 **Re-run rule.** Workload ``k`` (numbered from 1 in the script) is released under the name
@@ -27,7 +29,8 @@ refused. A new edition of a report needs a new release name.
 
 **Checks before anything is spent** (:func:`check_script`): syntax, settings, the
 allow-list and compilation of every workload (``Session.explain``), release names, result
-table names, and that the budget left covers all the workloads still to be charged. Only
+table names, and that the budget left covers all the workloads still to be charged (metric
+workloads: the table's separate metric budget, epsilon per unit distance). Only
 what cannot be foreseen (another process spending the budget meanwhile, a database
 failure) can stop a script halfway; :func:`run_script` then raises :class:`ScriptError`
 naming what was released before, which stays released and recorded.
@@ -35,7 +38,7 @@ naming what was released before, which stays released and recorded.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Callable
 
@@ -45,13 +48,56 @@ from . import engine, ledger
 from .accounting import PrivacyCost, check_budget
 from .errors import BudgetExceededError, DpsqlError
 from .results import Explanation, Release
-from .session import InterruptedAfterRelease, Session
-from .sql.script import (SETTINGS, Script, ScriptError, ScriptWorkload, Statement,
-                         parse_script)
+from .session import InterruptedAfterRelease, Session, request_matches
+from .sql.script import (MODELS, SETTINGS, Script, ScriptError, ScriptWorkload, Statement,
+                         check_model)
+from .sql.script import parse_script as _parse_script
 
-__all__ = ["Outcome", "Plan", "PlannedWorkload", "SETTINGS", "Script", "ScriptError",
-           "ScriptInterrupted", "ScriptWorkload", "Statement", "check_script", "parse_script",
-           "run", "run_script"]
+__all__ = ["MODELS", "Outcome", "Plan", "PlannedWorkload", "SETTINGS", "Script",
+           "ScriptError", "ScriptInterrupted", "ScriptWorkload", "Statement", "check_model",
+           "check_script", "check_strategy", "parse_script", "run", "run_script"]
+
+
+def check_strategy(value) -> str:
+    """A strategy setting, validated when it is set (shell, DB-API, scripts): ``auto``, a
+    strategy spec with options (``eigen(principal_vectors=32)``, ``mwem(rounds=20)``;
+    :func:`dpsql.selection.check_spec`) or ``dx_laplace`` (the metric model's mechanism).
+    Which noise family applies is decided by delta and the model when the request runs.
+    Raises :class:`~dpsql.errors.StrategyError`."""
+    from .selection import check_spec
+
+    if isinstance(value, str) and value.strip().lower() == "dx_laplace":
+        return "dx_laplace"
+    return check_spec(value)
+
+
+def parse_script(text: str, **defaults) -> Script:
+    """Split a script into workloads (:func:`dpsql.sql.script.parse_script`; no database),
+    with every strategy setting fully checked and written as the ledger records it.
+
+    ``defaults``: ``epsilon``, ``delta``, ``strategy``, ``calibration``, ``model`` (the
+    command line's defaults, overridden by the script's ``SET``) and ``release`` (overrides
+    every ``SET dpsql.release``)."""
+    script = _parse_script(text, check_strategy=check_strategy, **defaults)
+    workloads = tuple(replace(w, strategy=_canonical(w.strategy, w.delta, w.model))
+                      for w in script.workloads)
+    return replace(script, workloads=workloads)
+
+
+def _canonical(strategy: str, delta: Fraction, model: str) -> str:
+    """The strategy as the ledger records it (``eigen(separation=false)`` is ``eigen``), so
+    that re-running an unchanged script finds its recorded releases. Left as written when
+    it does not resolve for this delta and model: the check before spending refuses it with
+    the workload's position."""
+    from .adaptive import is_mwem
+    from .selection import family_of, resolve
+
+    if strategy in ("auto", "dx_laplace") or model != "dp" or is_mwem(strategy):
+        return strategy
+    try:
+        return resolve(strategy, family_of(delta))[0]
+    except DpsqlError:
+        return strategy
 
 
 class ScriptInterrupted(KeyboardInterrupt):
@@ -76,6 +122,8 @@ class Plan:
     to_charge: dict              # table -> PrivacyCost of the workloads still to release
     remaining: dict              # table -> PrivacyCost left before this script
     budget_error: DpsqlError | None
+    to_charge_metric: dict = field(default_factory=dict)  # table -> metric epsilon to charge
+    remaining_metric: dict = field(default_factory=dict)  # table -> metric epsilon left
 
 
 @dataclass(frozen=True)
@@ -102,8 +150,8 @@ def check_script(session: Session, script: Script, *, replace: bool = False) -> 
             _check_recorded(w, entry)
         items.append(PlannedWorkload(w, expl, entry))
     _check_tables(session, items, replace)
-    to_charge, remaining, error = _check_budget(session, items)
-    return Plan(script, tuple(items), to_charge, remaining, error)
+    to_charge, remaining, metric, metric_left, error = _check_budget(session, items)
+    return Plan(script, tuple(items), to_charge, remaining, error, metric, metric_left)
 
 
 def _explain(session: Session, script: Script, w: ScriptWorkload) -> Explanation:
@@ -133,25 +181,30 @@ def _located_text(text: str, w: ScriptWorkload) -> str:
 def _new_edition_hint(w: ScriptWorkload) -> str:
     if w.named_by == "digest":
         return ("the name comes from the script's text, so the difference is in epsilon, "
-                "delta, strategy or calibration given on the command line; use the same "
-                "ones, or pass --release NAME to publish a new edition")
+                "delta, strategy, calibration or model given on the command line; use the "
+                "same ones, or pass --release NAME to publish a new edition")
     if w.named_by == "caller":
         return "pass another --release NAME to publish a new edition"
     return "to publish a new edition, change SET dpsql.release (or pass --release NAME)"
 
 
+def _recorded_metric(entry: dict) -> bool:
+    return entry.get("metric_epsilon") is not None
+
+
 def _check_recorded(w: ScriptWorkload, entry: dict) -> None:
-    same = (entry["sql_text"] == ";\n".join(w.sql)
-            and Fraction(float(entry["epsilon"])) == Fraction(float(w.epsilon))
-            and Fraction(float(entry["delta"])) == Fraction(float(w.delta))
-            and w.strategy in ("auto", entry["strategy"])
-            and entry.get("calibration") in (None, w.calibration))
+    metric = _recorded_metric(entry)
+    epsilon = entry["metric_epsilon"] if metric else entry["epsilon"]
+    same = request_matches(entry, ";\n".join(w.sql), w.epsilon, w.delta, w.strategy,
+                           w.calibration, w.model)
     if not same:
+        recorded = (f"metric epsilon={epsilon:g}" if metric else
+                    f"epsilon={epsilon:g}, delta={entry['delta']:g}")
         raise ScriptError(
             f"{w.label}: release name {w.name!r} already used for a different batch or "
-            f"different parameters (release {entry['release_id']}: epsilon="
-            f"{entry['epsilon']:g}, delta={entry['delta']:g}, strategy {entry['strategy']}); "
-            f"nothing was charged; {_new_edition_hint(w)}", workload=w.number)
+            f"different parameters (release {entry['release_id']}: {recorded}, strategy "
+            f"{entry['strategy']}); nothing was charged; {_new_edition_hint(w)}",
+            workload=w.number)
     if entry["status"] != "released":
         raise ScriptError(
             f"{w.label}: release {w.name!r} (release {entry['release_id']}) was charged but "
@@ -216,29 +269,52 @@ def _check_still_recorded(con, w: ScriptWorkload, release_id: int, table: str) -
             f"{_new_edition_hint(w)}", workload=w.number)
 
 
-def _check_budget(session: Session, items) -> tuple[dict, dict, DpsqlError | None]:
+def _check_budget(session: Session, items):
+    """(to_charge, remaining, metric to_charge, metric remaining, error): the workloads still
+    to release, summed per table (standard (epsilon, delta) and, for metric workloads, the
+    separate metric budget), against what is left."""
     to_charge: dict[str, PrivacyCost] = {}
-    users: dict[str, list[int]] = {}
+    metric: dict[str, Fraction] = {}
+    users: dict[tuple, list[int]] = {}
     for item in items:
         if item.recorded is None:
             t, w = item.explanation.table, item.workload
-            to_charge[t] = to_charge.get(t, PrivacyCost.zero()) + PrivacyCost(w.epsilon, w.delta)
-            users.setdefault(t, []).append(w.number)
-    budgets = session.budget() if to_charge else {}
+            if w.model == "metric":
+                metric[t] = metric.get(t, Fraction(0)) + Fraction(w.epsilon)
+            else:
+                to_charge[t] = (to_charge.get(t, PrivacyCost.zero())
+                                + PrivacyCost(w.epsilon, w.delta))
+            users.setdefault((t, w.model == "metric"), []).append(w.number)
+    budgets = session.budget() if (to_charge or metric) else {}
     remaining = {t: PrivacyCost(budgets[t]["epsilon_remaining"], budgets[t]["delta_remaining"])
                  for t in to_charge}
+    metric_left = {t: budgets[t].get("metric_epsilon_remaining") for t in metric}
+
+    def total_of(exc, key):
+        if len(items) > 1:
+            exc.args = (f"{exc}; the request is the total of workloads "
+                        f"{', '.join(map(str, users[key]))}: a script runs only when all "
+                        "its workloads fit",)
+        return exc
+
     for t, cost in to_charge.items():
         b = budgets[t]
         try:
             check_budget(t, PrivacyCost(b["epsilon_spent"], b["delta_spent"]), cost,
                          PrivacyCost(b["epsilon_limit"], b["delta_limit"]))
         except BudgetExceededError as exc:
-            if len(items) > 1:
-                exc.args = (f"{exc}; the request is the total of workloads "
-                            f"{', '.join(map(str, users[t]))}: a script runs only when all "
-                            "its workloads fit",)
-            return to_charge, remaining, exc
-    return to_charge, remaining, None
+            return to_charge, remaining, metric, metric_left, total_of(exc, (t, False))
+    for t, eps in metric.items():
+        b = budgets[t]
+        if "metric_epsilon_limit" not in b:   # explain refuses this first; kept as a guard
+            return to_charge, remaining, metric, metric_left, DpsqlError(
+                f"table {t!r} declares no metric model; metric (d_X) workloads need a "
+                "[tables.<name>.metric] section in its policy")
+        if b["metric_epsilon_spent"] + eps > b["metric_epsilon_limit"]:
+            exc = BudgetExceededError(t, "metric epsilon", b["metric_epsilon_spent"], eps,
+                                      b["metric_epsilon_limit"])
+            return to_charge, remaining, metric, metric_left, total_of(exc, (t, True))
+    return to_charge, remaining, metric, metric_left, None
 
 
 # --------------------------------------------------------------------------- running
@@ -295,6 +371,6 @@ def _kept(done: list[Outcome], not_run) -> str:
 
 def run(session: Session, text: str, *, replace: bool = False, **defaults) -> list[Outcome]:
     """Parse, check and run a script in one call (``defaults``: epsilon, delta, strategy,
-    calibration, release)."""
+    calibration, model, release)."""
     script = parse_script(text, **defaults)
     return run_script(session, check_script(session, script, replace=replace), replace=replace)

@@ -8,6 +8,7 @@ strategy, budget fit) before the kernel reads a single row, so a bad request cha
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import signal
 import threading
@@ -17,7 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from . import adaptive, engine, ledger, selection
-from .accounting import PrivacyCost, check_budget, validate_delta, validate_epsilon
+from .accounting import PrivacyCost, fraction_to_text, validate_delta, validate_epsilon
 from .errors import (DpsqlError, PolicyError, PrivacyParameterError, StrategyError,
                      UnsupportedQueryError)
 from .inference import LeastSquares
@@ -99,23 +100,24 @@ class Session:
                 recorded = ledger.find_named(con, name)
                 if recorded is not None:
                     return self._recorded(con, recorded, text, eps, dlt, strategy,
-                                          calibration)
+                                          calibration, model)
             policies = ledger.load_policies(con)
             if self._model(model, dlt, strategy) == "metric":
-                return self._answer_dx(con, policies, sql, text, eps, replace, name)
+                return self._answer_dx(con, policies, sql, text, eps, replace, name, strategy)
             if adaptive.is_mwem(strategy):
                 return self._answer_mwem(con, policies, sql, text, eps, dlt, strategy,
                                          replace, name)
             policy, queries, workload = self._compile(sql, policies)
             names_given = self._check_targets(con, queries, policies, replace)
             expl = selection.select(con, policy, workload, eps, dlt, strategy, calibration)
-            best = next(c for c in expl.candidates if c.strategy == expl.strategy)
+            best = next(c for c in expl.candidates if c.strategy == expl.strategy
+                        and c.mechanism == expl.mechanism)
             chosen = best.plan
             solver = LeastSquares(chosen)
             halfwidth = interval_halfwidths(expl, solver, workload.W)
-            cost = PrivacyCost(eps, dlt)
-            check_budget(policy.table, ledger.spent(con, policy.table), cost,
-                         PrivacyCost(policy.epsilon, policy.delta))
+            cost = PrivacyCost(eps, dlt if expl.mechanism == "gaussian" else 0)
+            rho = _rho(expl, eps, chosen)
+            ledger.check_fits(con, policy, cost, expl.mechanism, rho)
 
             result_names = self._result_names(con, queries, names_given)
 
@@ -124,11 +126,12 @@ class Session:
                 strategy=expl.strategy,
                 calibration=calibration if expl.mechanism == "gaussian" else None,
                 sigma=expl.sigma, sensitivity=best.sensitivity,
-                rho=_rho(expl, eps, chosen),
+                rho=rho,
                 n_queries=workload.n_queries,
                 n_cells=workload.n_cells, expected_rmse=expl.rmse, sql_text=text,
                 bound_ratio=expl.bound_ratio,
-                result_tables=result_names, private=self.kernel.private, release_name=name)
+                result_tables=result_names, private=self.kernel.private, release_name=name,
+                request=json.dumps(_request_params(eps, dlt, strategy, calibration, "dp")))
             with _interrupts_deferred() as interrupted:
                 # from the charge to the committed result tables, Ctrl-C waits: a charged
                 # release is always completed, never left half-written
@@ -139,8 +142,8 @@ class Session:
                 results = self._write(con, m.release_id, m.result_tables, policy, parts,
                                       replace)
         release = Release(m.release_id, policy.table, list(m.result_tables), float(eps),
-                          float(dlt), expl.strategy, expl.sigma, expl.rmse, results, m.private,
-                          name=name)
+                          float(cost.delta), expl.strategy, expl.sigma, expl.rmse, results,
+                          m.private, name=name)
         if interrupted:
             raise InterruptedAfterRelease(release)
         return release
@@ -158,6 +161,7 @@ class Session:
                 used = ledger.spent(con, name)
                 left = ledger.remaining(p, used)
                 out[name] = {
+                    "accounting": ledger.accounting_method(con, name),
                     "epsilon_limit": p.epsilon, "delta_limit": p.delta,
                     "epsilon_spent": used.epsilon, "delta_spent": used.delta,
                     "epsilon_remaining": left.epsilon, "delta_remaining": left.delta,
@@ -186,13 +190,13 @@ class Session:
     # ------------------------------------------------------------------ internals
     @staticmethod
     def _recorded(con, entry: dict, text: str, eps, dlt, strategy: str,
-                  calibration: str) -> Release:
-        """A named release asked again: its recorded answers, or a refusal. Never new noise."""
+                  calibration: str, model: str = "dp") -> Release:
+        """A named release asked again: its recorded answers, or a refusal. Never new noise.
+
+        "The same request" is the same SQL and the same parameters as asked (ε, δ, strategy,
+        calibration, model), recorded with the charge."""
         name = entry["release_name"]
-        same = (entry["sql_text"] == text and Fraction(entry["epsilon"]) == Fraction(float(eps))
-                and Fraction(entry["delta"]) == Fraction(float(dlt))
-                and strategy in ("auto", entry["strategy"])
-                and calibration == entry["calibration"])
+        same = request_matches(entry, text, eps, dlt, strategy, calibration, model)
         if not same:
             raise DpsqlError(
                 f"release name {name!r} is already used (release {entry['release_id']}) for a "
@@ -315,15 +319,15 @@ class Session:
         names_given = self._check_targets(con, queries, policies, replace)
         expl, options, compiled, blocks = self._mwem_plan(policy, queries, eps, dlt, strategy)
         cost = PrivacyCost(eps, dlt)
-        check_budget(policy.table, ledger.spent(con, policy.table), cost,
-                     PrivacyCost(policy.epsilon, policy.delta))
+        ledger.check_fits(con, policy, cost, "mwem", None)
         request = ledger.Charge(
             table=policy.table, cost=cost, mechanism="mwem", strategy=strategy,
             calibration=None, sigma=None, sensitivity=1.0, rho=float(eps) ** 2 / 2.0,
             n_queries=expl.n_queries, n_cells=sum(w.n_cells for w, _ in compiled),
             expected_rmse=None, sql_text=text, bound_ratio=None,
             result_tables=self._result_names(con, queries, names_given),
-            private=self.kernel.private, release_name=name)
+            private=self.kernel.private, release_name=name,
+            request=json.dumps(_request_params(eps, dlt, strategy, "analytic", "dp")))
         eps_exact = Fraction(eps)
 
         def algorithm(oracle):
@@ -360,7 +364,7 @@ class Session:
                                     f"{strategy!r}")
         return model
 
-    def _answer_dx(self, con, policies, sql, text, eps, replace, name):
+    def _answer_dx(self, con, policies, sql, text, eps, replace, name, strategy):
         """A metric (d_X) release: per-query Laplace scales from the public program, charged
         to the table's metric budget (ε per unit distance), answers with exact errors."""
         policy, queries, workload = self._compile(sql, policies)
@@ -374,7 +378,8 @@ class Session:
             n_queries=workload.n_queries, n_cells=workload.n_cells,
             expected_rmse=plan.expected_rmse, sql_text=text, bound_ratio=None,
             result_tables=self._result_names(con, queries, names_given),
-            private=self.kernel.private, release_name=name, metric_epsilon=metric_eps)
+            private=self.kernel.private, release_name=name, metric_epsilon=metric_eps,
+            request=json.dumps(_request_params(eps, 0, strategy, "analytic", "metric")))
         halfwidth = plan.scales * math.log(20.0)   # P(|Lap(b)| > b ln 20) = 5%
         with _interrupts_deferred() as interrupted:
             m = self.kernel.release_per_query(con, policy, workload, plan.scales, request)
@@ -416,6 +421,28 @@ class Session:
         return results
 
 
+def request_matches(entry: dict, text: str, eps, dlt, strategy: str, calibration: str,
+                    model: str) -> bool:
+    """Whether a ledger entry was charged for this very request: the same SQL text and the
+    same parameters as asked (ε, δ, strategy, calibration, model; recorded with the charge).
+    Used for named releases, which are never re-noised."""
+    if entry.get("request") is not None:
+        return (entry["sql_text"] == text and json.loads(entry["request"])
+                == _request_params(eps, dlt, strategy, calibration, model))
+    gaussian = entry["mechanism"] == "gaussian"     # a row from before requests were recorded
+    return (entry["sql_text"] == text and model == "dp"
+            and Fraction(entry["epsilon"]) == Fraction(float(eps))
+            and Fraction(entry["delta"]) == Fraction(float(dlt))
+            and strategy in ("auto", entry["strategy"])
+            and (not gaussian or calibration == entry["calibration"]))
+
+
+def _request_params(eps, dlt, strategy, calibration, model) -> dict:
+    """What a request asked for, as recorded with its charge (exact ε and δ)."""
+    return {"epsilon": fraction_to_text(eps), "delta": fraction_to_text(dlt),
+            "strategy": strategy, "calibration": calibration, "model": model}
+
+
 def interval_halfwidths(expl: Explanation, solver: LeastSquares, W) -> np.ndarray:
     """Half-widths of the 95% intervals of the answers (public: no data).
 
@@ -455,18 +482,22 @@ class InterruptedAfterRelease(KeyboardInterrupt):
 
 @contextlib.contextmanager
 def _interrupts_deferred():
-    """Hold SIGINT until the block ends (main thread only); yields a list, non-empty if one
-    arrived."""
+    """Hold SIGINT and SIGTERM until the block ends (main thread only); yields a list,
+    non-empty if one arrived. A charged release is then completed before the process stops
+    (the caller raises :class:`InterruptedAfterRelease`)."""
     got: list = []
     if threading.current_thread() is not threading.main_thread():
         yield got
         return
-    previous = signal.getsignal(signal.SIGINT)
-    signal.signal(signal.SIGINT, lambda signum, frame: got.append(signum))
+    signals = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.getsignal(s) for s in signals}
+    for s in signals:
+        signal.signal(s, lambda signum, frame: got.append(signum))
     try:
         yield got
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for s in signals:
+            signal.signal(s, previous[s])
 
 
 def connect(path: str = ":memory:", **kwargs) -> Session:
