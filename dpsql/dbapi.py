@@ -27,7 +27,7 @@ from sqlglot import exp
 from . import errors as dp
 from .session import InterruptedAfterRelease, Session
 from .sql.parse import split_statements
-from .strategies import REGISTRY
+from .scripts import check_model, check_strategy
 
 apilevel = "2.0"
 threadsafety = 2
@@ -166,6 +166,11 @@ def _type_code(values) -> str | None:
     return None
 
 
+#: the last columns of every result table: count, stderr, ci_low, ci_high (DOUBLE, and
+#: NULL in every row for stderr and the interval when the error is data-dependent: MWEM)
+_ANSWER_COLUMNS = 4
+
+
 # --------------------------------------------------------------------------- binding
 
 def _literal(value: Any, position: int) -> exp.Expression:
@@ -249,17 +254,26 @@ class _Template:
 
 # --------------------------------------------------------------------------- connection
 
-def _validated(epsilon, delta, strategy, calibration) -> None:
+def _validated(epsilon, delta, strategy, calibration, model) -> dict:
+    """The settings, checked together (all or nothing); strategy and model normalised.
+
+    ``delta = 0`` asks for pure epsilon-DP; a strategy may carry options
+    (``eigen(principal_vectors=32)``, ``mwem(rounds=20)``); ``model="metric"`` asks for d_X
+    privacy, which needs ``delta = 0`` and strategy ``auto`` or ``dx_laplace``."""
     with _backend():
-        Session._privacy(epsilon, delta, calibration)
-    if not isinstance(strategy, str) or (strategy != "auto" and strategy not in REGISTRY):
-        raise ProgrammingError(f"unknown strategy {strategy!r}; choose 'auto' or one of "
-                               f"{sorted(REGISTRY)}")
+        _, dlt = Session._privacy(epsilon, delta, calibration)
+        strategy = check_strategy(strategy)
+        model = check_model(model)
+        Session._model(model, dlt, strategy)
+    return {"epsilon": epsilon, "delta": delta, "strategy": strategy,
+            "calibration": calibration, "model": model}
 
 
 def connect(database, **settings) -> "Connection":
     """``connect(database, *, epsilon, delta, strategy="auto", calibration="analytic",
-    lock_timeout=30.0)``: every execute charges (epsilon, delta); change them in between."""
+    model="dp", lock_timeout=30.0)``: every execute charges (epsilon, delta); change them in
+    between. ``delta=0`` is pure epsilon-DP; ``model="metric"`` charges epsilon per unit
+    distance to the table's metric (d_X) budget."""
     return Connection(database, **settings)
 
 
@@ -282,15 +296,13 @@ class Connection:
     NotSupportedError, BudgetExceeded = NotSupportedError, BudgetExceeded
 
     def __init__(self, database, *, epsilon, delta, strategy="auto", calibration="analytic",
-                 lock_timeout: float = 30.0):
+                 model="dp", lock_timeout: float = 30.0):
         try:
             path = os.fspath(database)
         except TypeError:
             raise ProgrammingError(f"database must be a path, got "
                                    f"{type(database).__name__}") from None
-        _validated(epsilon, delta, strategy, calibration)
-        self._settings = {"epsilon": epsilon, "delta": delta, "strategy": strategy,
-                          "calibration": calibration}
+        self._settings = _validated(epsilon, delta, strategy, calibration, model)
         self._lock = threading.Lock()
         self._cursors: weakref.WeakSet = weakref.WeakSet()
         self.closed = False
@@ -299,8 +311,11 @@ class Connection:
 
     epsilon = _setting("epsilon", "ε charged by each execute; validated on assignment.")
     delta = _setting("delta", "δ charged by each execute; validated on assignment.")
-    strategy = _setting("strategy", "'auto' or a registered strategy name.")
+    strategy = _setting("strategy", "'auto', a strategy name, or a spec with options such as "
+                                    "'eigen(principal_vectors=32)' or 'mwem(rounds=20)'.")
     calibration = _setting("calibration", "'analytic' (default) or 'classic' (ε < 1 only).")
+    model = _setting("model", "'dp' (default) or 'metric' (d_X privacy: ε per unit distance, "
+                              "δ = 0, charged to the table's metric budget).")
 
     @check_closed
     def configure(self, **changes) -> None:
@@ -311,8 +326,8 @@ class Connection:
                                    f"{sorted(self._settings)}")
         with self._lock:
             new = dict(self._settings, **changes)
-            _validated(new["epsilon"], new["delta"], new["strategy"], new["calibration"])
-            self._settings = new
+            self._settings = _validated(new["epsilon"], new["delta"], new["strategy"],
+                                        new["calibration"], new["model"])
 
     def _snapshot(self) -> dict:
         with self._lock:
@@ -444,8 +459,10 @@ class Cursor:
         if self._sets is None:
             return None
         table = self._sets[self._set]
-        return tuple((name, _type_code(row[i] for row in table.rows), None, None, None,
-                      None, None) for i, name in enumerate(table.columns))
+        first_answer = len(table.columns) - _ANSWER_COLUMNS
+        return tuple((name, "DOUBLE" if i >= first_answer else
+                      _type_code(row[i] for row in table.rows), None, None, None, None, None)
+                      for i, name in enumerate(table.columns))
 
     @property
     def rowcount(self) -> int:

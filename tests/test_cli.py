@@ -82,3 +82,52 @@ def test_shell_subcommand_is_wired(tmp_path):
     assert out.returncode == 0 and "--epsilon" in out.stdout
     out = dpsql("shell", tmp_path / "missing.duckdb", "-e", "\\budget")
     assert out.returncode == 2 and "does not exist" in out.stderr
+
+
+METRIC_POLICY = POLICY + """
+[tables.adult.metric]
+epsilon = 2
+[tables.adult.metric.columns]
+age = { weight = 0.1 }
+sex = { different = 1 }
+"""
+AGE_RANGES = ("SELECT COUNT(*) FROM adult WHERE age BETWEEN 17 AND 29;\n"
+              "SELECT COUNT(*) FROM adult WHERE age BETWEEN 30 AND 49;\n"
+              "SELECT COUNT(*) FROM adult WHERE age >= 50;\n")
+
+
+def test_pure_dp_strategy_specs_and_the_metric_model(tmp_path):
+    import shutil
+
+    db = tmp_path / "metric.duckdb"
+    shutil.copyfile(raw_adult_file(), db)
+    policy = tmp_path / "policy.toml"
+    policy.write_text(METRIC_POLICY)
+    assert dpsql("protect", db, policy).returncode == 0
+    out = dpsql("budget", db)
+    assert out.returncode == 0 and "metric_eps_limit" in out.stdout
+    # a strategy with options, checked before anything is read; a bad option is refused
+    out = dpsql("explain", db, "-", "--epsilon", 0.5, "--delta", 1e-6, "--strategy",
+                "eigen(principal_vectors=2)", stdin=AGE_RANGES)
+    assert out.returncode == 0 and "eigen(principal_vectors=2)" in out.stdout, out.stderr
+    out = dpsql("run", db, "-", "--epsilon", 0.5, "--delta", 1e-6, "--strategy",
+                "eigen(principal_vectors=-2)", stdin=AGE_RANGES)
+    assert out.returncode == 2 and out.stderr.startswith("error: strategy spec ")
+    assert "principal_vectors" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    # pure epsilon-DP (delta 0), then a metric release charged to the metric budget
+    out = dpsql("run", db, "-", "--epsilon", 0.25, "--delta", 0, "--quiet", stdin=AGE_RANGES)
+    assert out.returncode == 0 and "delta=0" in out.stdout, out.stderr
+    out = dpsql("run", db, "-", "--epsilon", 0.5, "--delta", 0, "--model", "metric",
+                "--release", "ages", stdin=AGE_RANGES)
+    assert out.returncode == 0 and "strategy=dx_laplace" in out.stdout, out.stderr
+    out = dpsql("budget", db)
+    lines = out.stdout.splitlines()
+    assert lines[0].split() == ["table", "eps_spent", "eps_limit", "eps_left", "delta_spent",
+                                "delta_limit", "delta_left", "metric_eps_spent",
+                                "metric_eps_limit", "metric_eps_left"]
+    assert lines[2].split()[1] == "0.25" and lines[2].split()[-3:] == ["0.5", "2", "1.5"]
+    out = dpsql("ledger", db)
+    assert "laplace" in out.stdout and "dx_laplace" in out.stdout
+    out = dpsql("run", db, "-", "--epsilon", 0.5, "--delta", 0, "--model", "sideways",
+                stdin=AGE_RANGES)
+    assert out.returncode == 2 and "--model" in out.stderr

@@ -6,6 +6,7 @@ The DB-API compliance suite lives in tests/dbapi_compliance.py and is collected 
 from __future__ import annotations
 
 import datetime
+import math
 import shutil
 import subprocess
 import sys
@@ -32,6 +33,10 @@ if dbapi20 is not None:
 
 RACES = ADULT_POLICY["columns"]["race"]["values"]
 RESULT_COLUMNS = ["count", "stderr", "ci_low", "ci_high"]
+METRIC = {"epsilon": 2, "columns": {"age": {"weight": 0.1}, "sex": {"different": 1}}}
+AGE_RANGES = ("SELECT COUNT(*) FROM adult WHERE age <= ?; "
+              "SELECT COUNT(*) FROM adult WHERE age BETWEEN ? AND ?; "
+              "SELECT COUNT(*) FROM adult WHERE age >= ?")
 
 
 @pytest.fixture
@@ -172,9 +177,13 @@ def test_each_execute_is_one_charge_with_the_current_settings(conn):
 def test_settings_are_validated_on_assignment(conn):
     for name, value, match in [("epsilon", 0, "epsilon must be > 0"),
                                ("epsilon", "0.1", "got str"),
-                               ("delta", 0, "delta = 0"),
+                               ("delta", -1e-9, "delta"),
                                ("strategy", "magic", "unknown strategy"),
-                               ("calibration", "textbook", "calibration must be one of")]:
+                               ("strategy", "eigen(bogus=1)", "unknown option 'bogus'"),
+                               ("strategy", 3, "must be named by a string"),
+                               ("calibration", "textbook", "calibration must be one of"),
+                               ("model", "fancy", "model must be 'dp'"),
+                               ("model", "metric", "delta = 0")]:
         with pytest.raises(dbapi.ProgrammingError, match=match):
             setattr(conn, name, value)
     with pytest.raises(dbapi.ProgrammingError, match="only valid for epsilon < 1"):
@@ -191,11 +200,123 @@ def test_connect_validates_its_arguments(path):
     with pytest.raises(dbapi.ProgrammingError, match="epsilon"):
         dbapi.connect(path, epsilon=-1, delta=1e-6)
     with pytest.raises(dbapi.ProgrammingError, match="unknown strategy"):
+        dbapi.connect(path, epsilon=1, delta=1e-6, strategy="hdmm")
+    with pytest.raises(dbapi.ProgrammingError, match="unexpected character '\\?'"):
         dbapi.connect(path, epsilon=1, delta=1e-6, strategy="hdmm?")
+    with pytest.raises(dbapi.ProgrammingError, match="metric"):
+        dbapi.connect(path, epsilon=1, delta=1e-6, model="metric")
     with pytest.raises(dbapi.ProgrammingError, match="database must be a path"):
         dbapi.connect(3, epsilon=1, delta=1e-6)
     with pytest.raises(TypeError):
         dbapi.connect(path)   # the privacy parameters are never implicit
+
+
+def test_pure_dp_delta_zero_is_accepted_and_released_with_laplace_noise(conn):
+    conn.configure(epsilon=0.25, delta=0)
+    assert (conn.epsilon, conn.delta) == (0.25, 0)
+    cur = conn.cursor()
+    explanation = cur.explain("SELECT sex, COUNT(*) FROM adult GROUP BY sex")
+    assert explanation.mechanism == "laplace" and explanation.delta == 0
+    cur.execute("SELECT sex, COUNT(*) FROM adult GROUP BY sex")
+    assert [r[0] for r in cur.fetchall()] == ["Female", "Male"]
+    entry = ledger(conn)[-1]
+    assert (entry["mechanism"], entry["epsilon"], entry["delta"]) == ("laplace", 0.25, 0.0)
+    assert cur.release.expected_rmse == pytest.approx(explanation.rmse)
+    with pytest.raises(dbapi.ProgrammingError, match="classic"):
+        conn.calibration = "classic"        # a Gaussian calibration: not with delta = 0
+
+
+def test_a_pure_dp_budget_accepts_only_delta_zero(tmp_path):
+    path = str(tmp_path / "pure.duckdb")
+    make_adult_db(path, epsilon=1.0, delta=0).close()
+    with dbapi.connect(path, epsilon=0.25, delta=1e-9) as c:
+        cur = c.cursor()
+        with pytest.raises(dbapi.BudgetExceeded):
+            cur.execute("SELECT COUNT(*) FROM adult WHERE age < 30")
+        c.delta = 0
+        cur.execute("SELECT COUNT(*) FROM adult WHERE age < 30")
+        assert [e["mechanism"] for e in ledger(c)] == ["laplace"]
+
+
+def test_strategy_specs_with_options(conn):
+    conn.strategy = "eigen(principal_vectors=2)"
+    cur = conn.cursor()
+    cur.execute("SELECT COUNT(*) FROM adult WHERE age < ?; SELECT COUNT(*) FROM adult "
+                "WHERE age BETWEEN ? AND ?", [30, 30, 49])
+    assert ledger(conn)[-1]["strategy"] == "eigen(principal_vectors=2)"
+    before = snapshot(conn.session)
+    with pytest.raises(dbapi.ProgrammingError) as info:
+        conn.strategy = "eigen(principal_vectors=2, colour=red)"
+    assert isinstance(info.value.__cause__, StrategyError)
+    assert "unknown option 'colour' for strategy 'eigen'" in str(info.value)
+    assert "principal_vectors (integer" in str(info.value)    # says what is allowed
+    with pytest.raises(dbapi.ProgrammingError, match="mwem has no option 'colour'"):
+        conn.configure(strategy="mwem(colour=red)", delta=0)
+    assert (conn.strategy, conn.delta) == ("eigen(principal_vectors=2)", 1e-8)
+    assert snapshot(conn.session) == before
+    conn.configure(strategy="hierarchical", epsilon=0.5, delta=0)
+    cur.execute("SELECT COUNT(*) FROM adult WHERE age < 30")
+    assert (ledger(conn)[-1]["strategy"], ledger(conn)[-1]["mechanism"]) == (
+        "hierarchical", "laplace")
+
+
+def test_mwem_answers_have_no_standard_error(conn):
+    conn.configure(epsilon=0.25, delta=0, strategy="mwem(rounds=5)")
+    cur = conn.cursor()
+    cur.execute("SELECT sex, COUNT(*) FROM adult WHERE age < ? GROUP BY sex; "
+                "SELECT COUNT(*) FROM adult WHERE race = ?", [30, "White"])
+    assert ledger(conn)[-1]["mechanism"] == "mwem"
+    assert math.isnan(cur.release.expected_rmse)
+    rows = cur.fetchall()
+    assert [r[0] for r in rows] == ["Female", "Male"]
+    assert all(r[2:] == (None, None, None) and isinstance(r[1], float) for r in rows)
+    assert [d[1] for d in cur.description] == ["VARCHAR", "DOUBLE", "DOUBLE", "DOUBLE",
+                                               "DOUBLE"]
+    assert cur.nextset() and cur.fetchone()[1:] == (None, None, None)
+    pd = pytest.importorskip("pandas")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        df = pd.read_sql("SELECT race, COUNT(*) FROM adult GROUP BY race", conn)
+    assert len(df) == len(RACES) and df["stderr"].isna().all()
+
+
+@pytest.fixture
+def metric_path(tmp_path):
+    """Adult under ADULT_POLICY plus a metric (d_X) model with its own budget of 2."""
+    p = str(tmp_path / "metric.duckdb")
+    db = make_adult_db(p, protect=False)
+    db.protect("adult", dict(ADULT_POLICY, metric=METRIC))
+    db.close()
+    return p
+
+
+def test_metric_model_releases_charge_the_metric_budget(metric_path):
+    with dbapi.connect(metric_path, epsilon=0.5, delta=0, model="metric") as c:
+        assert c.model == "metric"
+        cur = c.cursor()
+        assert cur.explain(AGE_RANGES, [29, 30, 49, 50]).mechanism == "dx_laplace"
+        cur.execute(AGE_RANGES, [29, 30, 49, 50])
+        assert cur.rowcount == 1 and cur.nextset() and cur.nextset()
+        assert isinstance(cur.fetchone()[1], float)          # exact standard errors
+        (entry,) = ledger(c)
+        assert (entry["mechanism"], entry["metric_epsilon"], entry["epsilon"]) == (
+            "dx_laplace", 0.5, 0.0)
+        budget = c.session.budget("adult")
+        assert (budget["metric_epsilon_spent"], budget["metric_epsilon_remaining"],
+                budget["epsilon_spent"]) == (Fraction(1, 2), Fraction(3, 2), 0)
+        # the metric model needs delta = 0 and the d_X mechanism: refused at assignment
+        for change, match in [(dict(delta=1e-6), "delta = 0"),
+                              (dict(strategy="identity"), "dx_laplace")]:
+            with pytest.raises(dbapi.ProgrammingError, match=match):
+                c.configure(**change)
+        c.strategy = "dx_laplace"
+        c.epsilon = 1.75
+        with pytest.raises(dbapi.BudgetExceeded) as info:
+            cur.execute(AGE_RANGES, [29, 30, 49, 50])
+        assert info.value.quantity == "metric epsilon" and info.value.limit == 2
+        c.configure(model="dp", delta=1e-6, strategy="auto", epsilon=0.1)
+        cur.execute(AGE_RANGES, [29, 30, 49, 50])
+        assert [e["mechanism"] for e in ledger(c)] == ["dx_laplace", "gaussian"]
 
 
 def test_explain_charges_nothing_and_matches_the_release(conn):

@@ -17,7 +17,12 @@ from dpsql import cli, scripts
 from dpsql.errors import DpsqlError, ParseError
 from dpsql.session import Session
 
-from .conftest import ROOT, make_adult_db, snapshot
+from .conftest import ADULT_POLICY, ROOT, make_adult_db, snapshot
+
+METRIC = {"epsilon": 2, "columns": {"age": {"weight": 0.1}, "sex": {"different": 1}}}
+AGE_RANGES = ("SELECT COUNT(*) AS young FROM adult WHERE age BETWEEN 17 AND 29;\n"
+              "SELECT COUNT(*) AS middle FROM adult WHERE age BETWEEN 30 AND 49;\n"
+              "SELECT COUNT(*) AS older FROM adult WHERE age >= 50;\n")
 
 TWO_WORKLOADS = """-- weekly report
 SET dpsql.release = 'weekly';
@@ -35,6 +40,16 @@ CREATE TABLE seniors AS SELECT COUNT(*) AS people FROM adult WHERE age >= 65;
 def db_path(tmp_path):
     path = str(tmp_path / "adult.duckdb")
     make_adult_db(path, epsilon=1.0, delta=1e-5).close()
+    return path
+
+
+@pytest.fixture
+def metric_db_path(tmp_path):
+    """Adult protected by ADULT_POLICY plus a metric (d_X) model with its own budget."""
+    path = str(tmp_path / "metric.duckdb")
+    db = make_adult_db(path, protect=False)
+    db.protect("adult", dict(ADULT_POLICY, metric=METRIC))
+    db.close()
     return path
 
 
@@ -103,9 +118,18 @@ BAD_SETS = [
     ("\n  SET dpsql.epsilon = -1;\nSELECT COUNT(*) FROM adult", "must be > 0", 2, 24),
     ("SET dpsql.epsilon = 0.1 + 0.2;\nSELECT COUNT(*) FROM adult", "must be a number", None,
      None),
-    ("SET dpsql.delta = 0;\nSELECT COUNT(*) FROM adult", "pure epsilon-DP", 1, 19),
     ("SET dpsql.delta = 1.5;\nSELECT COUNT(*) FROM adult", "0 <= dpsql.delta < 1", 1, 19),
     ("SET dpsql.strategy = 'fancy';\nSELECT COUNT(*) FROM adult", "unknown strategy", 1, 22),
+    ("SET dpsql.strategy = 'eigen(bogus=1)';\nSELECT COUNT(*) FROM adult",
+     "unknown option 'bogus' for strategy 'eigen'", 1, 22),
+    ("SET dpsql.strategy = 'eigen(principal_vectors=0)';\nSELECT COUNT(*) FROM adult",
+     "must be an integer from 1 to", 1, 22),
+    ("SET dpsql.strategy = 'mwem(rounds=10, colour=1)';\nSELECT COUNT(*) FROM adult",
+     "mwem has no option 'colour'", 1, 22),
+    ("SET dpsql.strategy = 'eigen(principal_vectors=8';\nSELECT COUNT(*) FROM adult",
+     "expected ',' or ')'", 1, 22),
+    ("SET dpsql.model = 'fancy';\nSELECT COUNT(*) FROM adult", "model must be 'dp'", 1, 19),
+    ("SET dpsql.model = metric;\nSELECT COUNT(*) FROM adult", "string literal", 1, None),
     ("SET dpsql.strategy = identity;\nSELECT COUNT(*) FROM adult", "string literal", 1, None),
     ("SET dpsql.calibration = 'fast';\nSELECT COUNT(*) FROM adult", "calibration", 1, 25),
     ("SET dpsql.release = '';\nSELECT COUNT(*) FROM adult", "release name", 1, 21),
@@ -125,6 +149,35 @@ def test_bad_settings_are_refused_with_their_position(text, message, line, colum
         assert info.value.line == line and f"line {line}" in str(info.value)
     if column is not None:
         assert info.value.column == column
+
+
+def test_pure_dp_strategy_specs_and_model_parse():
+    s = scripts.parse_script(
+        "SET dpsql.epsilon = 0.5; SET dpsql.delta = 0;\n"
+        "SELECT COUNT(*) FROM adult;\n"                                      # 1: pure DP
+        "SET dpsql.strategy = 'mwem(rounds=20, cuboids=true)';\n"
+        "SELECT COUNT(*) FROM adult;\n"                                      # 2: mwem
+        "SET dpsql.delta = 1e-6; SET dpsql.strategy = 'Eigen( principal_vectors = 8 )';\n"
+        "SELECT COUNT(*) FROM adult;\n"                                      # 3: options
+        "SET dpsql.strategy = 'eigen(separation=false)';\n"
+        "SELECT COUNT(*) FROM adult;\n"                                      # 4: defaults
+        "SET dpsql.strategy = 'auto'; SET dpsql.delta = 0; SET dpsql.model = 'metric';\n"
+        "SELECT COUNT(*) FROM adult WHERE age < 30")                         # 5: metric
+    assert [(w.delta, w.strategy, w.model) for w in s.workloads] == [
+        (0, "auto", "dp"), (0, "mwem(rounds=20, cuboids=true)", "dp"),
+        (Fraction(1, 10**6), "eigen(principal_vectors=8)", "dp"),   # as the ledger records it
+        (Fraction(1, 10**6), "eigen", "dp"), (0, "auto", "metric")]
+    assert s.workloads[4].params()["model"] == "metric"
+    # command-line defaults: delta 0, a spec and the model, overridden by SET
+    s = scripts.parse_script("SELECT COUNT(*) FROM adult;\nSET dpsql.model = 'dp';\n"
+                             "SELECT COUNT(*) FROM adult", epsilon=0.5, delta=0,
+                             strategy="hierarchical", model="metric")
+    assert [(w.delta, w.strategy, w.model) for w in s.workloads] == [
+        (0, "hierarchical", "metric"), (0, "hierarchical", "dp")]
+    for bad, message in [(dict(strategy="eigen(bogus=1)"), "unknown option 'bogus'"),
+                         (dict(model="dx"), "model must be 'dp'")]:
+        with pytest.raises(DpsqlError, match=message):
+            scripts.parse_script("SELECT COUNT(*) FROM adult", epsilon=1, delta=0, **bad)
 
 
 def test_missing_epsilon_or_delta_and_empty_scripts():
@@ -367,6 +420,113 @@ def test_recorded_answers_are_not_returned_from_a_replaced_table(db_path, tmp_pa
     assert run_cli(capsys, "run", db_path, path, "--release", "b")[0] == 0
     code, out, err = run_cli(capsys, "run", db_path, path, "--release", "a")
     assert code == 2 and "now holds the answers of release 2" in err
+
+
+PURE_AND_MWEM = """SET dpsql.release = 'pure';
+SET dpsql.epsilon = 0.25;
+SET dpsql.delta = 0;
+SELECT sex, COUNT(*) AS people FROM adult GROUP BY sex;
+SET dpsql.strategy = 'mwem(rounds=5)';
+SELECT COUNT(*) AS young FROM adult WHERE age < 30;
+SELECT race, COUNT(*) FROM adult GROUP BY race;
+"""
+
+
+def test_pure_dp_and_mwem_workloads(db_path, tmp_path, capsys):
+    path = write(tmp_path, PURE_AND_MWEM)
+    code, out, err = run_cli(capsys, "run", db_path, path, "--dry-run", "--quiet")
+    assert code == 0 and err == ""
+    assert out.splitlines()[1].endswith("strategy mwem(rounds=5), expected RMSE n/a")
+    code, out, err = run_cli(capsys, "explain", db_path, path, "--csv")
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert [(r["delta"], r["strategy"], r["sigma"], r["expected_rmse"], r["model"])
+            for r in rows][1] == ("0.0", "mwem(rounds=5)", "", "", "dp")
+    assert float(rows[0]["expected_rmse"]) > 0
+    code, out, err = run_cli(capsys, "run", db_path, path)
+    assert code == 0 and err == ""
+    assert "epsilon=0.25 delta=0 strategy=mwem(rounds=5) expected RMSE=n/a" in out
+    assert "nan" not in out and "NULL" in out    # no standard error: data-dependent
+    with dpsql.connect(db_path) as db:
+        rows = db.ledger()
+        assert [(r["release_name"], r["delta"], r["mechanism"]) for r in rows] == [
+            ("pure/1", 0.0, "laplace"), ("pure/2", 0.0, "mwem")]
+        assert db.budget("adult")["epsilon_spent"] == Fraction(1, 2)
+        assert db.budget("adult")["delta_spent"] == 0
+
+
+def test_pure_dp_and_mwem_csv(db_path, tmp_path, capsys):
+    code, out, err = run_cli(capsys, "run", db_path, write(tmp_path, PURE_AND_MWEM), "--csv")
+    assert code == 0 and err == ""
+    blocks = [list(csv.reader(io.StringIO(b))) for b in out.strip().split("\n\n")]
+    assert len(blocks) == 3
+    young = blocks[1]
+    assert young[0] == ["release", "table", "young", "stderr", "ci_low", "ci_high"]
+    assert young[1][3:] == ["", "", ""]          # NULL: MWEM has no standard error
+    float(young[1][2])
+    assert all(float(r[3]) > 0 for r in blocks[0][1:])   # Laplace: exact standard errors
+
+
+def test_pure_dp_mwem_and_metric_reruns_are_free(metric_db_path, tmp_path, capsys):
+    metric = ("SET dpsql.release = 'ages'; SET dpsql.model = 'metric';\n"
+              "SET dpsql.epsilon = 0.5; SET dpsql.delta = 0;\n" + AGE_RANGES)
+    for k, text in enumerate([PURE_AND_MWEM, metric]):
+        path = write(tmp_path, text, f"{k}.sql")
+        assert run_cli(capsys, "run", metric_db_path, path, "--quiet")[0] == 0
+        with dpsql.connect(metric_db_path) as db:
+            before = snapshot(db)
+        code, out, err = run_cli(capsys, "run", metric_db_path, path, "--quiet")
+        assert (code, err) == (0, "") and "nothing charged" in out
+        with dpsql.connect(metric_db_path) as db:
+            assert snapshot(db) == before
+
+
+def test_metric_model_workloads(metric_db_path, tmp_path, capsys):
+    text = ("SET dpsql.release = 'ages'; SET dpsql.model = 'metric';\n"
+            "SET dpsql.epsilon = 0.5; SET dpsql.delta = 0;\n" + AGE_RANGES)
+    path = write(tmp_path, text)
+    code, out, err = run_cli(capsys, "run", metric_db_path, path, "--dry-run")
+    assert code == 0 and err == ""
+    assert "would charge metric epsilon=0.5 (per unit distance)" in out
+    assert "a run would charge adult metric epsilon=0.5 (per unit distance) of the " \
+           "remaining metric epsilon=2" in out
+    code, out, err = run_cli(capsys, "run", metric_db_path, path, "--quiet")
+    assert code == 0 and err == ""
+    assert out.strip().endswith("(metric epsilon=0.5 (per unit distance), strategy "
+                                "dx_laplace); tables: dp_r1_q1, dp_r1_q2, dp_r1_q3")
+    with dpsql.connect(metric_db_path) as db:
+        (entry,) = db.ledger()
+        assert (entry["mechanism"], entry["metric_epsilon"], entry["epsilon"],
+                entry["delta"]) == ("dx_laplace", 0.5, 0.0, 0.0)
+        budget = db.budget("adult")
+        assert budget["metric_epsilon_spent"] == Fraction(1, 2)
+        assert budget["epsilon_spent"] == 0          # the standard budget is untouched
+    code, out, err = run_cli(capsys, "budget", metric_db_path)
+    assert code == 0 and "metric_eps_left" in out and "1.5" in out
+    code, out, err = run_cli(capsys, "ledger", metric_db_path)
+    assert code == 0 and "metric_epsilon" in out and "dx_laplace" in out
+    # both workloads of a script must fit the metric budget: refused before spending
+    greedy = ("SET dpsql.model = 'metric'; SET dpsql.epsilon = 1; SET dpsql.delta = 0;\n"
+              + AGE_RANGES + "SET dpsql.epsilon = 0.75;\n" + AGE_RANGES)
+    with dpsql.connect(metric_db_path) as db:
+        before = snapshot(db)
+    code, out, err = run_cli(capsys, "run", metric_db_path, write(tmp_path, greedy, "g.sql"))
+    assert code == 2 and err.startswith("error: budget exceeded on table 'adult': metric "
+                                        "epsilon spent 0.5, requested 1.75, limit 2")
+    assert "workloads 1, 2" in err
+    # the metric model needs delta 0: refused with the workload, nothing spent
+    code, out, err = run_cli(capsys, "run", metric_db_path, write(tmp_path, AGE_RANGES, "d.sql"),
+                             "--model", "metric", "--epsilon", 0.5, "--delta", 1e-6)
+    assert code == 2 and "workload 1" in err and "delta = 0" in err
+    with dpsql.connect(metric_db_path) as db:
+        assert snapshot(db) == before
+
+
+def test_metric_model_needs_a_declared_metric(db_path, tmp_path, capsys):
+    code, out, err = run_cli(capsys, "run", db_path, write(tmp_path, AGE_RANGES), "--model",
+                             "metric", "--epsilon", 0.5, "--delta", 0)
+    assert code == 2 and "declares no metric model" in err
+    with dpsql.connect(db_path) as db:
+        assert db.ledger() == []
 
 
 def test_python_api(db_path):

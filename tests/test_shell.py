@@ -21,27 +21,30 @@ from dpsql.shell.executor import submission_complete
 from dpsql.shell.repl import toolbar_text
 from dpsql.shell.settings import ShellState
 
-from .conftest import ROOT, make_adult_db, snapshot
+from .conftest import ADULT_POLICY, ROOT, make_adult_db, snapshot
 
 TIMEOUT = 60          # generous: the machine is shared
 PROMPT = "dpsql> "
 GROUP_SEX = "SELECT sex, COUNT(*) FROM adult GROUP BY sex;"
 
-# Slows one Session step down, printing a marker when it starts, so Ctrl-C lands in it
-# deterministically: `_select` runs before the charge, `_write` after it (Ctrl-C deferred).
+# Slows one step of a request down, printing a marker when it starts, so Ctrl-C lands in it
+# deterministically: strategy selection runs before the charge, `Session._write` after it
+# (Ctrl-C deferred).
 SLOW_HOOK = """
 import sys, time
+import dpsql.selection as selection
 import dpsql.session as s
 phase, seconds = sys.argv.pop(1), float(sys.argv.pop(1))
-original = getattr(s.Session, "_" + phase)
+owner, name = {"select": (selection, "select"), "write": (s.Session, "_write")}[phase]
+original = getattr(owner, name)
 calls = []
-def slow(self, *args, **kwargs):
+def slow(*args, **kwargs):
     if not calls:
         calls.append(1)
         print(f"[test hook] in {phase}", flush=True)
         time.sleep(seconds)
-    return original(self, *args, **kwargs)
-setattr(s.Session, "_" + phase, slow)
+    return original(*args, **kwargs)
+setattr(owner, name, slow)
 from dpsql.shell import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -200,17 +203,29 @@ def test_set_errors_are_clear_and_change_nothing(db, tmp_path):
     send(child, "\\set epsilon -1", "error: epsilon must be > 0")
     send(child, "\\set epsilon lots", "error: epsilon must be a number such as 0.1")
     send(child, "\\set epsilon 1000", "error: epsilon = 1000 is too large")
-    send(child, "\\set delta 0", "error: delta = 0 asks for pure epsilon-DP")
     send(child, "\\set delta 1", "error: delta must satisfy 0 <= delta < 1")
     send(child, "\\set strategy magic", "error: unknown strategy 'magic'")
+    send(child, "\\set strategy eigen(principal_vectors=8, colour=red)",
+         "error: unknown option 'colour' for strategy 'eigen'", "principal_vectors (integer")
+    send(child, "\\set strategy mwem(rounds=-1)", "error: mwem option 'rounds' needs")
+    send(child, "\\set model sideways", "error: model must be 'dp'")
     send(child, "\\set confirm_share 2", "error: confirm_share must be between 0 and 1")
     send(child, "\\set colour red", "error: unknown setting 'colour'")
     send(child, "\\set epsilon", "epsilon is not set")
     send(child, "\\nope", "error: unknown command '\\nope'")
     out = send(child, "\\set", "confirm_share = 0.25")
-    assert "epsilon is not set" in out and "strategy = auto" in out
+    assert "epsilon is not set" in out and "strategy = auto" in out and "model = dp" in out
     send(child, "\\set strategy identity;", "strategy = identity")
     send(child, "\\set confirm_share 50%", "confirm_share = 0.5")
+    # pure epsilon-DP, specs with options (the whole rest of the line) and the model
+    send(child, "\\set delta 0", "delta = 0")
+    send(child, "\\set strategy mwem(rounds=20, cuboids=true)",
+         "strategy = mwem(rounds=20, cuboids=true)")
+    send(child, "\\set strategy eigen(principal_vectors=8)",
+         "strategy = eigen(principal_vectors=8)")
+    send(child, "\\set model metric", "model = metric (d_X privacy")
+    out = send(child, "\\set", "confirm_share = 0.5")
+    assert "delta = 0" in out and "strategy = eigen(principal_vectors=8)" in out
     quit_(child)
 
 
@@ -327,6 +342,79 @@ def test_batch_ctrl_c_charges_nothing_and_stops(db, tmp_path):
     assert "Traceback" not in err and ledger(db) == []
 
 
+def test_pure_dp_release_in_batch(db):
+    done = batch(db, "--epsilon", "0.25", "--delta", "0", "-e", GROUP_SEX, "-e", "\\ledger")
+    assert done.returncode == 0, done.stderr
+    assert "delta=0 strategy=" in done.stdout and "ci_high" in done.stdout
+    assert "charged epsilon=0.25 delta=0 to adult" in done.stdout
+    assert "laplace" in done.stdout                  # \ledger shows the mechanism
+    (entry,) = ledger(db)
+    assert (entry["mechanism"], entry["delta"]) == ("laplace", 0.0)
+
+
+def test_mwem_release_prints_null_errors_and_no_nan(db):
+    done = batch(db, "--epsilon", "0.25", "--delta", "0", "--strategy", "mwem(rounds=5)",
+                 "-e", GROUP_SEX + " SELECT COUNT(*) FROM adult WHERE age < 30;")
+    assert done.returncode == 0, done.stderr
+    assert "strategy=mwem(rounds=5) expected RMSE=n/a" in done.stdout
+    assert "NULL" in done.stdout and "nan" not in done.stdout
+    csv_run = batch(db, "--epsilon", "0.25", "--delta", "0", "--csv", "--confirm-share", "1",
+                    "-e",
+                    "\\set strategy mwem(rounds=5)\n" + GROUP_SEX)
+    assert csv_run.returncode == 0, csv_run.stderr
+    rows = list(csv.reader(io.StringIO(csv_run.stdout)))
+    assert rows[0] == ["sex", "count", "stderr", "ci_low", "ci_high"]
+    assert [r[2:] for r in rows[1:]] == [["", "", ""]] * 2
+    assert "expected RMSE=n/a" in csv_run.stderr
+    assert [e["mechanism"] for e in ledger(db)] == ["mwem", "mwem"]
+
+
+def test_bad_strategy_option_in_batch_is_refused(db):
+    done = batch(db, "--epsilon", "0.1", "--delta", "1e-6", "--strategy",
+                 "eigen(principal_vectors=0)", "-e", GROUP_SEX)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.startswith("error: strategy spec 'eigen(principal_vectors=0)': option "
+                                  "'principal_vectors' of 'eigen' must be an integer from 1")
+    assert ledger(db) == []
+
+
+METRIC = {"epsilon": 2, "columns": {"age": {"weight": 0.1}, "sex": {"different": 1}}}
+AGE_RANGES = ("SELECT COUNT(*) FROM adult WHERE age BETWEEN 17 AND 29; "
+              "SELECT COUNT(*) FROM adult WHERE age BETWEEN 30 AND 49; "
+              "SELECT COUNT(*) FROM adult WHERE age >= 50;")
+
+
+@pytest.fixture
+def metric_db(tmp_path):
+    """Adult under ADULT_POLICY plus a metric (d_X) model with its own budget of 2."""
+    path = str(tmp_path / "metric.duckdb")
+    with make_adult_db(path, protect=False) as s:
+        s.protect("adult", dict(ADULT_POLICY, metric=METRIC))
+    return path
+
+
+def test_metric_model_release_in_batch(metric_db):
+    done = batch(metric_db, "--epsilon", "0.5", "--delta", "0", "--model", "metric",
+                 "-e", AGE_RANGES, "-e", "\\budget", "-e", "\\set model")
+    assert done.returncode == 0, done.stderr
+    assert "strategy=dx_laplace" in done.stdout and "dp_r1_q3" in done.stdout
+    assert ("charged metric epsilon=0.5 (per unit distance) to adult; remaining metric "
+            "epsilon 1.5 of 2") in done.stdout
+    lines = done.stdout.splitlines()
+    k = next(i for i, line in enumerate(lines) if line.startswith("table  eps_spent"))
+    assert lines[k].split()[-3:] == ["metric_eps_spent", "metric_eps_limit", "metric_eps_left"]
+    assert lines[k + 2].split()[-3:] == ["0.5", "2", "1.5"]
+    assert "model = metric" in done.stdout
+    (entry,) = ledger(metric_db)
+    assert (entry["mechanism"], entry["metric_epsilon"], entry["epsilon"]) == (
+        "dx_laplace", 0.5, 0.0)
+    # the model is a setting like the others; metric with delta > 0 is refused
+    refused = batch(metric_db, "--epsilon", "0.5", "--delta", "1e-6", "-e",
+                    "\\set model metric\n" + AGE_RANGES)
+    assert refused.returncode == 2 and "delta = 0" in refused.stderr
+    assert len(ledger(metric_db)) == 1
+
+
 def test_batch_missing_database(tmp_path):
     done = batch(str(tmp_path / "missing.duckdb"), "-e", "\\budget")
     assert done.returncode == 2 and "does not exist" in done.stderr
@@ -365,7 +453,10 @@ def test_completer_candidates(policies):
     assert complete(policies, "WHERE sex = 'x") == {}
     assert set(complete(policies, "\\se")) == {"\\set"}
     assert "epsilon" in complete(policies, "\\set eps")
-    assert complete(policies, "\\set strategy w") == {"workload": -1}
+    assert complete(policies, "\\set strategy w") == {"workload": -1, "wavelet": -1}
+    assert complete(policies, "\\set strategy mw") == {"mwem": -2}
+    assert complete(policies, "\\set strategy hier") == {"hierarchical": -4}
+    assert complete(policies, "\\set model ") == {"dp": 0, "metric": 0}
     assert complete(policies, "\\domain a") == {"adult": -1}
     assert {"\\budget", "\\ledger", "\\explain", "\\tables", "\\domain", "\\help", "\\q"} <= \
         set(complete(policies, "\\"))
@@ -387,3 +478,16 @@ def test_toolbar_text(db):
         state.refresh()
         text = toolbar_text(state)
     assert "adult: epsilon 1 of 1 remaining" in text and "\\set epsilon 0.1" in text
+    assert "metric" not in text
+
+
+def test_toolbar_text_with_a_metric_budget(metric_db):
+    with dpsql.connect(metric_db) as s:
+        state = ShellState(s)
+        state.set("epsilon", "0.5")
+        state.set("delta", "0")
+        state.set("model", "metric")
+        state.refresh()
+        text = toolbar_text(state)
+    assert "metric epsilon 2 of 2" in text
+    assert "spend metric epsilon=0.5 delta=0 strategy=auto" in text

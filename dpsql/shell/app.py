@@ -1,7 +1,7 @@
 """``dpsql shell DB``: arguments, then a batch (``-e``, ``-f``, piped input) or the REPL.
 
-    dpsql shell DB [--epsilon E] [--delta D] [--strategy S] [--confirm-share X]
-                   [-e SQL]... [-f FILE]... [--csv]
+    dpsql shell DB [--epsilon E] [--delta D] [--strategy S] [--model dp|metric]
+                   [--confirm-share X] [-e SQL]... [-f FILE]... [--csv]
 
 Each ``-e`` string and each ``-f`` file is one submission (its SQL is ONE workload), run in
 the order given; the first error stops the batch with exit status 2.
@@ -14,8 +14,8 @@ import os
 import sys
 
 from ..errors import DpsqlError
-from .settings import (DEFAULT_CONFIRM_SHARE, parse_delta, parse_epsilon, parse_share,
-                       parse_strategy)
+from .settings import (DEFAULT_CONFIRM_SHARE, parse_delta, parse_epsilon, parse_model,
+                       parse_share, parse_strategy)
 
 
 class _Batch(argparse.Action):
@@ -41,9 +41,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "repeatable")
     p.add_argument("--csv", action="store_true", help="print results as CSV")
     p.add_argument("--epsilon", help="epsilon each submission spends (no default)")
-    p.add_argument("--delta", help="delta each submission spends (no default; > 0)")
+    p.add_argument("--delta", help="delta each submission spends (no default; 0 asks for "
+                                   "pure epsilon-DP)")
     p.add_argument("--strategy", default="auto",
-                   help="auto (default: the lowest expected error), identity or workload")
+                   help="auto (default: the lowest expected error), a strategy name, or a "
+                        "spec with options such as 'eigen(principal_vectors=32)' or "
+                        "'mwem(rounds=20)' (mwem needs delta 0)")
+    p.add_argument("--model", default="dp",
+                   help="dp (default: differential privacy) or metric (d_X privacy under "
+                        "the table's declared metric: epsilon per unit distance, delta 0)")
     p.add_argument("--confirm-share", default=None, metavar="SHARE",
                    help="ask before spending more than this share of the remaining epsilon "
                         "(default 0.25; 25%% works too; 1 never asks)")
@@ -82,6 +88,7 @@ def _main(args) -> int:
     epsilon = parse_epsilon(args.epsilon) if args.epsilon is not None else None
     delta = parse_delta(args.delta) if args.delta is not None else None
     strategy = parse_strategy(args.strategy)
+    model = parse_model(args.model)
     share = (parse_share(args.confirm_share) if args.confirm_share is not None
              else DEFAULT_CONFIRM_SHARE)
     if not os.path.exists(args.db):
@@ -92,7 +99,7 @@ def _main(args) -> int:
         batch = [("-f", "-")]          # piped input: one workload, like -f -
     with connect(args.db) as session:
         state = ShellState(session, epsilon=epsilon, delta=delta, strategy=strategy,
-                           confirm_share=share, interactive=interactive)
+                           model=model, confirm_share=share, interactive=interactive)
         state.refresh()
         if interactive:
             from . import repl

@@ -14,14 +14,22 @@ from typing import Callable, Iterable
 from prompt_toolkit.completion import Completer, Completion
 
 from . import metacommands
-from .settings import SETTINGS
+from .settings import MODELS, SETTINGS
 
 KEYWORDS = (
     "SELECT", "FROM", "WHERE", "GROUP BY", "COUNT(*)", "COUNT", "AND", "OR", "NOT", "IN",
     "NOT IN", "BETWEEN", "IS NULL", "IS NOT NULL", "AS", "CREATE TABLE",
     "CREATE OR REPLACE TABLE", "CUBE", "ROLLUP", "GROUPING SETS", "ALL", "NULL",
 )
-STRATEGY_WORDS = ("auto", "identity", "workload")
+
+
+def strategy_words() -> list[str]:
+    """``auto``, every strategy name (either noise family, ``mwem``) and ``dx_laplace``.
+    Options are typed after the name: ``eigen(principal_vectors=8)``."""
+    from ..selection import all_names
+
+    return ["auto", *all_names(), "dx_laplace"]
+
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*$")
 _VALUE = re.compile(
@@ -82,7 +90,9 @@ class DpsqlCompleter(Completer):
         if name == "\\set" and len(args) == 1:
             yield from _matching(args[0], SETTINGS, "setting", case=False)
         elif name == "\\set" and len(args) == 2 and args[0].lower() == "strategy":
-            yield from _matching(args[1], STRATEGY_WORDS, "strategy", case=False)
+            yield from _matching(args[1], strategy_words(), "strategy", case=False)
+        elif name == "\\set" and len(args) == 2 and args[0].lower() == "model":
+            yield from _matching(args[1], MODELS, "model", case=False)
         elif name in ("\\domain", "\\budget", "\\ledger") and len(args) == 1:
             yield from _matching(args[0], sorted(policies), "table", case=False)
         elif name == "\\explain":

@@ -45,6 +45,12 @@ def submission_complete(text: str) -> bool:
     return ends_statement(last) or is_meta(last)
 
 
+def release_head(release) -> str:
+    """The first line of a release; ``expected RMSE=n/a`` when the error is data-dependent
+    (MWEM) rather than ``nan``."""
+    return str(release).split("\n", 1)[0].replace("expected RMSE=nan", "expected RMSE=n/a")
+
+
 class _Unprotected(Exception):
     """parse for the confirmation check met a table that is not protected."""
 
@@ -132,7 +138,7 @@ class Executor:
         try:
             with progress("selecting a strategy", self.err, enabled=self.show_progress):
                 expl = st.session.explain(sql, epsilon=epsilon, delta=delta,
-                                          strategy=st.strategy)
+                                          strategy=st.strategy, model=st.model)
         except KeyboardInterrupt:
             self._cancel("cancelled; nothing was spent")
             return
@@ -143,17 +149,18 @@ class Executor:
     def answer(self, sql: str) -> None:
         st = self.state
         epsilon, delta = st.privacy()
+        model = st.model
         table = self._table_of(sql)
-        if table is not None and not self._confirmed(table, epsilon):
+        if table is not None and not self._confirmed(table, epsilon, model, delta):
             self.note("not answered; nothing was spent")
             return
         before = self._last_release_id()
         try:
             with progress("answering", self.err, enabled=self.show_progress):
                 release = st.session.answer(sql, epsilon=epsilon, delta=delta,
-                                            strategy=st.strategy)
+                                            strategy=st.strategy, model=model)
         except InterruptedAfterRelease as exc:
-            self._print_release(exc.release)
+            self._print_release(exc.release, model)
             self._cancel(f"interrupted, but release {exc.release.release_id} had already "
                          "been charged; it was completed and is shown above")
             return
@@ -167,7 +174,7 @@ class Executor:
             else:
                 self._cancel("cancelled; nothing was charged")
             return
-        self._print_release(release)
+        self._print_release(release, model)
 
     # ------------------------------------------------------------------ helpers
     def _cancel(self, message: str) -> None:
@@ -175,9 +182,9 @@ class Executor:
         self.failed = self.cancelled = True
         self.note(message)
 
-    def _print_release(self, release) -> None:
+    def _print_release(self, release, model: str = "dp") -> None:
         self.state.use(release.table)
-        head = str(release).split("\n", 1)[0]
+        head = release_head(release)
         if self.csv_output:
             self.note(head)
             writer = csv.writer(self.out, lineterminator="\n")
@@ -194,7 +201,12 @@ class Executor:
                 self.say(format_table(result.columns, result.rows, title=result.name,
                                       max_rows=MAX_ROWS))
         budget = self.state.budget
-        if budget is not None:
+        metric = self.state.metric_budget()
+        if model == "metric" and metric is not None:
+            self.note(f"charged metric epsilon={show_exact(release.epsilon)} (per unit "
+                      f"distance) to {release.table}; remaining metric epsilon "
+                      f"{show_exact(metric[0])} of {show_exact(metric[1])}")
+        elif budget is not None:
             self.note(f"charged epsilon={show_exact(release.epsilon)} "
                       f"delta={show_exact(release.delta)} to {release.table}; remaining "
                       f"epsilon {show_exact(budget['epsilon_remaining'])} of "
@@ -217,14 +229,20 @@ class Executor:
             return None
         return queries[0].table if queries else None
 
-    def _confirmed(self, table: str, epsilon) -> bool:
-        """Ask before spending more than ``confirm_share`` of the remaining epsilon."""
+    def _confirmed(self, table: str, epsilon, model: str = "dp", delta=None) -> bool:
+        """Ask before spending more than ``confirm_share`` of the remaining epsilon (of the
+        metric budget, for a metric release)."""
         budget = self.state.session.budget(table)
+        what = "epsilon"
         left = budget["epsilon_remaining"]
+        if model == "metric":
+            if "metric_epsilon_remaining" not in budget or delta:
+                return True   # no metric model, or delta > 0: answer() refuses it, and says why
+            what, left = "metric epsilon", budget["metric_epsilon_remaining"]
         share = self.state.confirm_share
         if epsilon > left or epsilon <= share * left:
             return True   # within the threshold, or refused by answer() with the numbers
-        reason = (f"this spends epsilon={show_exact(epsilon)}, "
+        reason = (f"this spends {what}={show_exact(epsilon)}, "
                   f"{float(epsilon / left) * 100:.0f}% of the {show_exact(left)} remaining "
                   f"on table {table!r} (above the {float(share) * 100:g}% confirmation "
                   "threshold)")

@@ -82,7 +82,7 @@ def _help(ex, arg):
 
 
 @command("\\set", "\\set [NAME [VALUE]]",
-         "show the settings, or set epsilon, delta, strategy, confirm_share")
+         "show the settings, or set epsilon, delta, strategy, model, confirm_share")
 def _set(ex, arg):
     parts = arg.split(None, 1)
     if not parts:
@@ -95,7 +95,7 @@ def _set(ex, arg):
             raise DpsqlError(f"unknown setting {parts[0]!r}; settings are {', '.join(SETTINGS)}")
         ex.say(ex.state.show(key))
         return
-    ex.say(ex.state.set(parts[0], parts[1]))
+    ex.note(ex.state.set(parts[0], parts[1]))   # a remark: stderr in CSV mode
 
 
 @command("\\explain", "\\explain SQL",
@@ -107,7 +107,18 @@ def _explain(ex, arg):
     ex.explain(arg)
 
 
-@command("\\budget", "\\budget [TABLE]", "spent and remaining epsilon and delta (exact)")
+_BUDGET_KEYS = ("epsilon_spent", "epsilon_limit", "epsilon_remaining", "delta_spent",
+                "delta_limit", "delta_remaining")
+_METRIC_KEYS = ("metric_epsilon_spent", "metric_epsilon_limit", "metric_epsilon_remaining")
+
+
+def has_metric(budgets: dict) -> bool:
+    """Does any of these tables declare a metric (d_X) budget?"""
+    return any("metric_epsilon_limit" in b for b in budgets.values())
+
+
+@command("\\budget", "\\budget [TABLE]",
+         "spent and remaining epsilon and delta (and metric epsilon, if declared), exact")
 def _budget(ex, arg):
     session = ex.state.session
     budgets = {_table(ex, arg): session.budget(_table(ex, arg))} if arg.strip() \
@@ -116,9 +127,12 @@ def _budget(ex, arg):
         raise DpsqlError("no protected tables in this database")
     cols = ("table", "eps_spent", "eps_limit", "eps_left", "delta_spent", "delta_limit",
             "delta_left")
-    ex.table(cols, [(t, *(show_exact(b[k]) for k in (
-        "epsilon_spent", "epsilon_limit", "epsilon_remaining", "delta_spent", "delta_limit",
-        "delta_remaining"))) for t, b in sorted(budgets.items())])
+    keys = _BUDGET_KEYS
+    if has_metric(budgets):   # metric (d_X) budget: epsilon per unit distance
+        cols += ("metric_eps_spent", "metric_eps_limit", "metric_eps_left")
+        keys += _METRIC_KEYS
+    ex.table(cols, [(t, *(show_exact(b[k]) if k in b else "-" for k in keys))
+                    for t, b in sorted(budgets.items())])
 
 
 @command("\\ledger", "\\ledger [TABLE]", "every release charged to the database")
@@ -127,9 +141,11 @@ def _ledger(ex, arg):
     if not rows:
         ex.say("(the ledger is empty: nothing has been charged)")
         return
-    cols = ("release_id", "created_at", "table_name", "epsilon", "delta", "strategy",
-            "n_queries", "result_tables", "status")
-    ex.table(cols, [tuple(str(r[c]) if c in ("created_at", "result_tables") else r[c]
+    cols = ("release_id", "created_at", "table_name", "epsilon", "delta", "mechanism",
+            "strategy", "n_queries", "result_tables", "status")
+    if any(r.get("metric_epsilon") is not None for r in rows):
+        cols = cols[:5] + ("metric_epsilon",) + cols[5:]
+    ex.table(cols, [tuple(str(r[c]) if c in ("created_at", "result_tables") else r.get(c)
                           for c in cols) for r in rows])
 
 
@@ -142,9 +158,14 @@ def _tables(ex, arg):
                "`dpsql protect DB POLICY.toml`")
         return
     budgets = session.budget()
-    ex.table(("table", "columns", "eps_left", "delta_left"),
+    metric = has_metric(budgets)
+    ex.table(("table", "columns", "eps_left", "delta_left")
+             + (("metric_eps_left",) if metric else ()),
              [(t, ", ".join(p.column_names), show_exact(budgets[t]["epsilon_remaining"]),
-               show_exact(budgets[t]["delta_remaining"])) for t, p in sorted(policies.items())])
+               show_exact(budgets[t]["delta_remaining"]))
+              + ((show_exact(budgets[t]["metric_epsilon_remaining"])
+                  if "metric_epsilon_remaining" in budgets[t] else "-",) if metric else ())
+              for t, p in sorted(policies.items())])
 
 
 def describe_domain(domain) -> str:

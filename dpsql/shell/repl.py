@@ -54,12 +54,16 @@ def toolbar_text(state) -> str:
                  f"{show_exact(budget['epsilon_limit'])} remaining, delta "
                  f"{show_exact(budget['delta_remaining'])} of "
                  f"{show_exact(budget['delta_limit'])}")
+        metric = state.metric_budget()
+        if metric is not None:
+            where += f", metric epsilon {show_exact(metric[0])} of {show_exact(metric[1])}"
     else:
         where = " no table in use"
     if state.epsilon is None or state.delta is None:
         spend = "epsilon/delta not set (\\set epsilon 0.1, \\set delta 1e-6)"
     else:
-        spend = (f"spend epsilon={show_exact(state.epsilon)} delta={show_exact(state.delta)}"
+        eps = "metric epsilon" if state.model == "metric" else "epsilon"
+        spend = (f"spend {eps}={show_exact(state.epsilon)} delta={show_exact(state.delta)}"
                  f" strategy={state.strategy}")
     return f"{where} | {spend} | \\help "
 

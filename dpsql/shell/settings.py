@@ -11,11 +11,11 @@ from fractions import Fraction
 from ..errors import show_exact  # noqa: F401  (re-exported for the shell modules)
 
 from ..accounting import validate_delta, validate_epsilon
-from ..errors import DpsqlError, PrivacyParameterError, StrategyError
-from ..strategies import REGISTRY
+from ..errors import DpsqlError, PrivacyParameterError
+from ..scripts import MODELS, check_model, check_strategy
 
 DEFAULT_CONFIRM_SHARE = Fraction(1, 4)
-SETTINGS = ("epsilon", "delta", "strategy", "confirm_share")
+SETTINGS = ("epsilon", "delta", "strategy", "model", "confirm_share")
 
 
 def _number(text: str, name: str, example: str) -> Fraction:
@@ -32,21 +32,18 @@ def parse_epsilon(text: str) -> Fraction:
 
 
 def parse_delta(text: str) -> Fraction:
-    delta = validate_delta(_number(text, "delta", "1e-6"))
-    if delta == 0:
-        raise PrivacyParameterError(
-            "delta = 0 asks for pure epsilon-DP, which the Gaussian mechanism cannot give; "
-            "use delta > 0 (e.g. 1e-6)")
-    return delta
+    """delta = 0 asks for pure epsilon-DP (Laplace noise, or mwem)."""
+    return validate_delta(_number(text, "delta", "1e-6"))
 
 
 def parse_strategy(text: str) -> str:
-    name = str(text).strip().lower()
-    if name != "auto" and name not in REGISTRY:
-        raise StrategyError(
-            f"unknown strategy {str(text).strip()!r}; choose 'auto' or one of "
-            f"{', '.join(sorted(REGISTRY))}")
-    return name
+    """``auto``, a strategy name, or a spec with options: ``eigen(principal_vectors=8)``."""
+    return check_strategy(str(text))
+
+
+def parse_model(text: str) -> str:
+    """``dp`` (differential privacy) or ``metric`` (d_X privacy under the table's metric)."""
+    return check_model(str(text))
 
 
 def parse_share(text: str) -> Fraction:
@@ -63,18 +60,20 @@ def parse_share(text: str) -> Fraction:
 
 
 PARSERS = {"epsilon": parse_epsilon, "delta": parse_delta, "strategy": parse_strategy,
-           "confirm_share": parse_share}
+           "model": parse_model, "confirm_share": parse_share}
 
 
 class ShellState:
     """The session, the privacy settings, the table in use and its cached budget."""
 
     def __init__(self, session, *, epsilon=None, delta=None, strategy: str = "auto",
-                 confirm_share: Fraction = DEFAULT_CONFIRM_SHARE, interactive: bool = True):
+                 model: str = "dp", confirm_share: Fraction = DEFAULT_CONFIRM_SHARE,
+                 interactive: bool = True):
         self.session = session
         self.epsilon: Fraction | None = epsilon
         self.delta: Fraction | None = delta
         self.strategy = strategy
+        self.model = model
         self.confirm_share = confirm_share
         self.interactive = interactive
         self.table: str | None = None      # the table in use (last queried)
@@ -95,8 +94,8 @@ class ShellState:
     @staticmethod
     def example(key: str) -> str:
         return {"epsilon": "\\set epsilon 0.1", "delta": "\\set delta 1e-6",
-                "strategy": "\\set strategy auto", "confirm_share": "\\set confirm_share 25%"
-                }[key]
+                "strategy": "\\set strategy auto", "model": "\\set model dp",
+                "confirm_share": "\\set confirm_share 25%"}[key]
 
     def show(self, key: str) -> str:
         value = getattr(self, key)
@@ -104,6 +103,11 @@ class ShellState:
             return f"{key} is not set"
         if key == "confirm_share":
             return f"{key} = {show_exact(value)} ({float(value) * 100:g}% of the remaining epsilon)"
+        if key == "model":
+            what = ("d_X privacy: epsilon per unit distance, charged to the table's metric "
+                    "budget; delta must be 0" if value == "metric" else
+                    "differential privacy")
+            return f"{key} = {value} ({what})"
         return f"{key} = {show_exact(value) if isinstance(value, Fraction) else value}"
 
     def privacy(self) -> tuple[Fraction, Fraction]:
@@ -124,6 +128,13 @@ class ShellState:
         if self.table not in self.policies:
             self.table = next(iter(self.policies)) if len(self.policies) == 1 else None
         self.budget = self.session.budget(self.table) if self.table else None
+
+    def metric_budget(self) -> tuple | None:
+        """(remaining, limit) of the metric budget of the table in use, or None."""
+        b = self.budget
+        if b is None or "metric_epsilon_limit" not in b:
+            return None
+        return b["metric_epsilon_remaining"], b["metric_epsilon_limit"]
 
     def use(self, table: str | None) -> None:
         if table:

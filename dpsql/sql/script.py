@@ -16,15 +16,28 @@ from sqlglot import exp
 from sqlglot.tokens import TokenType
 
 from ..accounting import validate_delta, validate_epsilon
-from ..errors import DpsqlError, ParseError, UnsupportedQueryError
+from ..errors import DpsqlError, ParseError, PrivacyParameterError, UnsupportedQueryError
 from ..noise import CALIBRATIONS
-from ..strategies import REGISTRY
+from ..strategies import spec as strategy_spec
 from .parse import _position, split_statements
 
-SETTINGS = ("epsilon", "delta", "strategy", "calibration", "release")
+SETTINGS = ("epsilon", "delta", "strategy", "calibration", "model", "release")
+MODELS = ("dp", "metric")
 MAX_RELEASE_NAME = 200
 _ALLOWED_SETS = ("a script may set " + ", ".join(f"dpsql.{s}" for s in SETTINGS[:-1])
                  + f" or dpsql.{SETTINGS[-1]}")
+
+
+def check_model(value) -> str:
+    """The privacy model of a request: ``dp`` (differential privacy, the default) or
+    ``metric`` (d_X privacy under the table's declared metric; epsilon per unit distance,
+    charged to its metric budget; delta must be 0)."""
+    name = value.strip().lower() if isinstance(value, str) else None
+    if name not in MODELS:
+        raise PrivacyParameterError(
+            f"model must be 'dp' (differential privacy) or 'metric' (d_X privacy under the "
+            f"table's declared metric), got {value!r}")
+    return name
 
 
 class ScriptError(DpsqlError):
@@ -61,6 +74,7 @@ class ScriptWorkload:
     calibration: str
     name: str                    # release name
     named_by: str                # "script" (SET dpsql.release), "caller" or "digest"
+    model: str = "dp"            # "dp" or "metric" (d_X: epsilon per unit distance)
 
     @property
     def sql(self) -> list[str]:
@@ -77,7 +91,7 @@ class ScriptWorkload:
 
     def params(self) -> dict:
         return dict(epsilon=self.epsilon, delta=self.delta, strategy=self.strategy,
-                    calibration=self.calibration)
+                    calibration=self.calibration, model=self.model)
 
 
 @dataclass(frozen=True)
@@ -88,16 +102,24 @@ class Script:
 
 
 def parse_script(text: str, *, epsilon=None, delta=None, strategy: str | None = None,
-                 calibration: str | None = None, release: str | None = None) -> Script:
-    """Split a script into workloads with their settings and release names (no database)."""
+                 calibration: str | None = None, model: str | None = None,
+                 release: str | None = None, check_strategy=None) -> Script:
+    """Split a script into workloads with their settings and release names (no database).
+
+    ``check_strategy(text) -> str`` validates a strategy setting (options included) and
+    raises :class:`~dpsql.errors.StrategyError`; :func:`dpsql.scripts.parse_script` passes
+    the full check (:func:`dpsql.scripts.check_strategy`). Without it only the spec's
+    syntax is checked here (this module stays public-only)."""
     if not isinstance(text, str):
         raise ParseError("a script must be SQL text")
+    check = check_strategy or _spec_syntax
     statements = _split(text)
     current = {"epsilon": None if epsilon is None else validate_epsilon(epsilon),
                "delta": None if delta is None else _delta(delta, "delta"),
-               "strategy": "auto" if strategy is None else _strategy(strategy, None),
+               "strategy": "auto" if strategy is None else _strategy(strategy, None, check),
                "calibration": "analytic" if calibration is None
                else _calibration(calibration, None),
+               "model": "dp" if model is None else _model(model, None),
                "release": None}
     if release is not None:
         release = _release_name(release, None)
@@ -106,7 +128,7 @@ def parse_script(text: str, *, epsilon=None, delta=None, strategy: str | None = 
     pending_set: Statement | None = None
     for st in statements:
         if isinstance(st.expr, exp.Set):
-            _apply_set(st, current)
+            _apply_set(st, current, check)
             pending_set = st
         elif isinstance(st.expr, exp.Command) and str(st.expr.this).upper() == "SET":
             raise UnsupportedQueryError(
@@ -136,7 +158,7 @@ def parse_script(text: str, *, epsilon=None, delta=None, strategy: str | None = 
                     (f"script-{digest[:12]}", "digest"))
         workloads.append(ScriptWorkload(k, tuple(group), settings["epsilon"], settings["delta"],
                                         settings["strategy"], settings["calibration"],
-                                        f"{base}/{k}", by))
+                                        f"{base}/{k}", by, settings["model"]))
     return Script(text, digest, tuple(workloads))
 
 
@@ -181,7 +203,7 @@ def _lines(group: list[Statement]) -> str:
     return f"line {a}" if a == b else f"lines {a}-{b}"
 
 
-def _apply_set(st: Statement, current: dict) -> None:
+def _apply_set(st: Statement, current: dict, check_strategy) -> None:
     node = st.expr
     if node.args.get("unset") or node.args.get("tag") or not node.expressions:
         raise UnsupportedQueryError(f"this SET form is not supported; {_ALLOWED_SETS}",
@@ -222,7 +244,10 @@ def _apply_set(st: Statement, current: dict) -> None:
                 hint = f"'{value.sql()}'" if isinstance(value, (exp.Var, exp.Column)) else "'...'"
                 raise ParseError(f"dpsql.{name} must be a string literal, e.g. "
                                  f"SET dpsql.{name} = {hint}", *at)
-            check = {"strategy": _strategy, "calibration": _calibration,
+            if name == "strategy":
+                current[name] = _strategy(str(value.this), at, check_strategy)
+                continue
+            check = {"calibration": _calibration, "model": _model,
                      "release": _release_name}[name]
             current[name] = check(str(value.this), at)
 
@@ -240,18 +265,28 @@ def _number_literal(node) -> Fraction | None:
 
 
 def _delta(value, name: str) -> Fraction:
-    dlt = validate_delta(value, name)
-    if dlt == 0:
-        raise ScriptError(f"{name} = 0 asks for pure epsilon-DP, which the Gaussian mechanism "
-                          "cannot give; use a delta > 0 (e.g. 1e-6)")
-    return dlt
+    """delta = 0 is pure epsilon-DP (Laplace noise, or mwem); delta > 0 Gaussian noise."""
+    return validate_delta(value, name)
 
 
-def _strategy(value: str, at) -> str:
-    if value != "auto" and value not in REGISTRY:
-        raise ParseError(f"unknown strategy {value!r}; choose 'auto' or one of "
-                         f"{sorted(REGISTRY)}", *(at or (None, None)))
-    return value
+def _spec_syntax(value) -> str:
+    """Only the syntax of a strategy spec (the default when no full check is given)."""
+    strategy_spec.parse(value)
+    return value.strip()
+
+
+def _strategy(value: str, at, check) -> str:
+    try:
+        return check(value)
+    except DpsqlError as exc:
+        raise ParseError(str(exc), *(at or (None, None))) from None
+
+
+def _model(value: str, at) -> str:
+    try:
+        return check_model(value)
+    except DpsqlError as exc:
+        raise ParseError(str(exc), *(at or (None, None))) from None
 
 
 def _calibration(value: str, at) -> str:
