@@ -63,9 +63,21 @@ class Session:
         with self.db.connect() as con:
             return ledger.load_policies(con)
 
-    def explain(self, sql: str | Sequence[str], *, epsilon, delta, strategy: str = "auto",
-                calibration: str = "analytic", model: str = "dp") -> Explanation:
-        """Expected accuracy of a request: reads no data, spends nothing."""
+    def explain(self, sql: str | Sequence[str], *, epsilon=None, delta, strategy: str = "auto",
+                calibration: str = "analytic", model: str = "dp", target_rmse=None,
+                max_stderr=None) -> Explanation:
+        """Expected accuracy of a request: reads no data, spends nothing.
+
+        Accuracy first: give ``target_rmse`` (the batch's expected RMSE) or ``max_stderr``
+        (every answer's standard error) instead of ``epsilon``, and the explanation is for
+        the smallest ε (at this δ, three significant digits) that meets it."""
+        objective = self._objective(epsilon, target_rmse, max_stderr, model, strategy)
+        if objective is not None:
+            eps, dlt = self._privacy(1, delta, calibration)
+            with self.db.connect() as con:
+                policy, queries, workload = self._compile(sql, ledger.load_policies(con))
+                return selection.smallest_epsilon(con, policy, workload, dlt, strategy,
+                                                  calibration, objective[1], objective[0])[1]
         eps, dlt = self._privacy(epsilon, delta, calibration)
         with self.db.connect() as con:
             policies = ledger.load_policies(con)
@@ -78,9 +90,10 @@ class Session:
             policy, queries, workload = self._compile(sql, policies)
             return selection.select(con, policy, workload, eps, dlt, strategy, calibration)
 
-    def answer(self, sql: str | Sequence[str], *, epsilon, delta, strategy: str = "auto",
+    def answer(self, sql: str | Sequence[str], *, epsilon=None, delta, strategy: str = "auto",
                calibration: str = "analytic", replace: bool = False,
-               name: str | None = None, model: str = "dp") -> Release:
+               name: str | None = None, model: str = "dp", target_rmse=None,
+               max_stderr=None, confirm: bool = False) -> Release:
         """Release noisy answers to a batch, charging (epsilon, delta) to the table's budget.
 
         ``name`` makes the release idempotent: asking again under the same name with the same
@@ -90,7 +103,21 @@ class Session:
         ``delta = 0`` asks for pure ε-DP (Laplace noise, or ``strategy="mwem"``).
         ``model="metric"`` asks for a metric (d_X) release: ``epsilon`` is then ε per unit of
         the table's declared record distance, charged to its separate metric budget.
+
+        Accuracy first: ``target_rmse=`` or ``max_stderr=`` instead of ``epsilon`` spends the
+        smallest ε that meets the target (see :meth:`explain`), and only with
+        ``confirm=True``; without it the cost is reported in the error and nothing is spent.
         """
+        objective = self._objective(epsilon, target_rmse, max_stderr, model, strategy)
+        if objective is not None:
+            expl = self.explain(sql, delta=delta, strategy=strategy, calibration=calibration,
+                                target_rmse=target_rmse, max_stderr=max_stderr)
+            if confirm is not True:
+                raise DpsqlError(
+                    f"an expected {objective[0].replace('_', ' ')} of {objective[1]:g} needs "
+                    f"epsilon = {expl.epsilon:g} (delta = {expl.delta:g}, strategy "
+                    f"{expl.strategy}); nothing was charged; pass confirm=True to spend it")
+            epsilon = expl.epsilon
         eps, dlt = self._privacy(epsilon, delta, calibration)
         text = sql if isinstance(sql, str) else ";\n".join(sql)
         if name is not None and (not isinstance(name, str) or not name.strip()):
@@ -109,7 +136,8 @@ class Session:
                                          replace, name)
             policy, queries, workload = self._compile(sql, policies)
             names_given = self._check_targets(con, queries, policies, replace)
-            expl = selection.select(con, policy, workload, eps, dlt, strategy, calibration)
+            expl = selection.select(con, policy, workload, eps, dlt, strategy, calibration,
+                                    objective[0] if objective else "rmse")
             best = next(c for c in expl.candidates if c.strategy == expl.strategy
                         and c.mechanism == expl.mechanism)
             chosen = best.plan
@@ -348,6 +376,24 @@ class Session:
         if interrupted:
             raise InterruptedAfterRelease(release)
         return release
+
+    @staticmethod
+    def _objective(epsilon, target_rmse, max_stderr, model, strategy):
+        """(objective, target) of an accuracy-first request, or None."""
+        given = [(k, v) for k, v in (("rmse", target_rmse), ("max_stderr", max_stderr))
+                 if v is not None]
+        if not given:
+            if epsilon is None:
+                raise PrivacyParameterError("give epsilon, or an accuracy target "
+                                            "(target_rmse= or max_stderr=)")
+            return None
+        if len(given) > 1 or epsilon is not None:
+            raise PrivacyParameterError("give exactly one of epsilon, target_rmse and "
+                                        "max_stderr")
+        if model != "dp" or adaptive.is_mwem(strategy):
+            raise StrategyError("accuracy targets apply to the matrix mechanism (model 'dp', "
+                                "not mwem): its error is known before the release")
+        return given[0]
 
     @staticmethod
     def _model(model, dlt, strategy) -> str:
