@@ -498,7 +498,7 @@ def test_log_space_update_survives_huge_counts_and_noise():
 
 @pytest.mark.parametrize("holes", [False, True])
 def test_fifty_rounds_on_1024_cells_and_20000_queries(holes):
-    """The speed case of benchmarks/mwem_adult.py: accurate at ε = 1 (timing is benchmarked)."""
+    """A large case (1024 cells, 20,000 ranges, T = 50): accurate at ε = 1."""
     n, m = 1024, 20000
     rng = np.random.default_rng(1)
     W = range_matrix(n, m, rng)
