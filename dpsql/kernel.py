@@ -87,13 +87,8 @@ class Kernel:
                 "only releases plans whose products A x are computed exactly")
         if not (np.isfinite(sigma) and sigma > 0):
             raise StrategyError("internal error: the noise scale must be positive and finite")
-        columns = [(p.column, policy.column(p.column), p.unit_to_part)
-                   for p in workload.partitions]
         release_id, names = ledger.charge(con, policy, request)   # committed here
-        x = engine.data_vector(con, policy.table, columns, workload.n_cells)
-        if x.sum() >= EXACT_ROWS:
-            raise StrategyError("the table is too large for exact products (2**32 rows or "
-                                "more); this release was charged and nothing was released")
+        x = _data_vector(con, policy, workload)
         values = plan.measure(x)
         del x
         if mechanism == "laplace":
@@ -121,13 +116,8 @@ class Kernel:
             raise StrategyError("internal error: one finite scale >= 0 per query is needed")
         if not _on_grid(W):
             raise StrategyError("internal error: the workload is not on the exact grid")
-        columns = [(p.column, policy.column(p.column), p.unit_to_part)
-                   for p in workload.partitions]
         release_id, names = ledger.charge(con, policy, request)   # committed here
-        x = engine.data_vector(con, policy.table, columns, workload.n_cells)
-        if x.sum() >= EXACT_ROWS:
-            raise StrategyError("the table is too large for exact products (2**32 rows or "
-                                "more); this release was charged and nothing was released")
+        x = _data_vector(con, policy, workload)
         values = np.asarray(W @ x, dtype=float).reshape(-1)
         del x
         y = values.copy()
@@ -152,22 +142,23 @@ class Kernel:
         private)``.
         """
         release_id, names = ledger.charge(con, policy, request)   # committed here
-        xs = []
-        for workload in blocks:
-            columns = [(p.column, policy.column(p.column), p.unit_to_part)
-                       for p in workload.partitions]
-            x = engine.data_vector(con, policy.table, columns, workload.n_cells)
-            if x.sum() >= EXACT_ROWS:
-                raise StrategyError("the table is too large for exact products (2**32 rows "
-                                    "or more); this release was charged and nothing was "
-                                    "released")
-            xs.append(x)
+        xs = [_data_vector(con, policy, workload) for workload in blocks]
         oracle = MeasureOracle(xs, self.sampler, epsilon)
         try:
             result = algorithm(oracle)
         finally:
             oracle.close()
         return release_id, names, result, self.private
+
+
+def _data_vector(con, policy, workload) -> np.ndarray:
+    """The cell counts of a compiled workload (called only after the charge is committed)."""
+    columns = [(p.column, policy.column(p.column), p.unit_to_part) for p in workload.partitions]
+    x = engine.data_vector(con, policy.table, columns, workload.n_cells)
+    if x.sum() >= EXACT_ROWS:
+        raise StrategyError("the table is too large for exact products (2**32 rows or more); "
+                            "this release was charged and nothing was released")
+    return x
 
 
 class MeasureOracle:

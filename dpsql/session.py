@@ -494,11 +494,11 @@ def interval_halfwidths(expl: Explanation, solver: LeastSquares, W) -> np.ndarra
 
     Gaussian noise: the answers' errors are Gaussian, so ``z_0.975 · stderr``. Laplace noise:
     each answer's error is ``Σ_k c_k L_k`` with ``c`` its row of ``W A⁺`` and ``L_k`` iid
-    Laplace(b); :func:`dpsql.laplace.laplace_interval_halfwidth` bounds its 95% quantile.
+    Laplace(b); :func:`dpsql.intervals.laplace_interval_halfwidth` bounds its 95% quantile.
     """
     if expl.mechanism != "laplace":
         return Z95 * expl.stderr
-    from .laplace import laplace_interval_halfwidth
+    from .intervals import laplace_interval_halfwidth
 
     out = np.empty(W.shape[0])
     step = max(1, int(4e7 // max(1, solver.plan.n_measurements)))  # ≤ 320 MB per chunk

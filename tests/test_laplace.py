@@ -15,9 +15,9 @@ from scipy import optimize, stats
 
 import dpsql.laplace as laplace
 from dpsql.errors import DpsqlError, PrivacyParameterError
+from dpsql.intervals import laplace_interval_halfwidth
 from dpsql.laplace import (
     laplace_grid_exponent,
-    laplace_interval_halfwidth,
     laplace_scale,
     secure_exponential,
     secure_laplace,
