@@ -479,9 +479,10 @@ def test_ctrl_c_during_a_long_script(template, tmp_path, capsys, n_workloads, de
     # 0 or -SIGINT: the signal came after the script had finished (-SIGINT: during the
     # interpreter's shutdown, when Python has put back the default handler)
     finished = out.count("released as release") == n_workloads
-    # exit 1 with "Query interrupted": Ctrl-C landed in a DuckDB query before a charge; the
-    # bug pinned by test_ctrl_c_during_a_duckdb_query_is_a_clean_cancel (xfail); the
-    # ledger must be consistent all the same, which is what this test is about
+    # exit 1 with "Query interrupted": Ctrl-C landed in a DuckDB query before a charge that
+    # engine_errors does not wrap (those it wraps become a clean cancel, see
+    # test_ctrl_c_during_a_duckdb_query_is_a_clean_cancel); the ledger must be consistent
+    # all the same, which is what this test is about
     interrupted_query = code == 1 and "RuntimeError: Query interrupted" in err
     assert code == 130 or interrupted_query or (finished and code in (0, -signal.SIGINT)), \
         (code, err)
@@ -612,15 +613,6 @@ def test_ctrl_c_right_after_the_commit_is_reported_as_released(template, tmp_pat
     assert "workload 1 as 'r/1'" in err, err
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError, reason=(
-    "BUG: Ctrl-C while DuckDB runs a query outside the charged section (catalog, ledger or "
-    "policy reads before the charge) makes DuckDB's Python client abort the query with a "
-    "plain RuntimeError('Query interrupted') - neither KeyboardInterrupt nor duckdb.Error - "
-    "so it escapes engine_errors and cli.main: `dpsql run` prints a traceback and exits 1 "
-    "instead of 'cancelled' and 130 (seen for real in test_ctrl_c_during_a_long_script; the "
-    "shell prints 'internal error (RuntimeError)'). Nothing is charged and the ledger stays "
-    "consistent. Fix: in engine (engine_errors and the other con.execute call sites, or one "
-    "connection wrapper) turn RuntimeError('Query interrupted') into KeyboardInterrupt."))
 def test_ctrl_c_during_a_duckdb_query_is_a_clean_cancel(template, tmp_path, monkeypatch,
                                                          capsys):
     """Ctrl-C arrives while DuckDB runs a catalog query of `dpsql run`, before anything is
