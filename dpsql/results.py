@@ -132,9 +132,11 @@ class Release:
     reused: bool = False             # True: recorded answers returned again, nothing charged
 
     def __str__(self) -> str:
-        head = (f"release {self.release_id} on {self.table}: epsilon={self.epsilon:g} "
-                f"delta={self.delta:g} strategy={self.strategy} "
-                f"expected RMSE={self.expected_rmse:.4g}")
+        rmse = (f"{self.expected_rmse:.4g}" if math.isfinite(self.expected_rmse)
+                else "n/a (data-dependent)")
+        eps = ("metric epsilon" if self.strategy == "dx_laplace" else "epsilon")
+        head = (f"release {self.release_id} on {self.table}: {eps}={self.epsilon:g} "
+                f"delta={self.delta:g} strategy={self.strategy} expected RMSE={rmse}")
         if not self.private:
             head += "  [NON-PRIVATE: seeded test noise]"
         if self.reused:
