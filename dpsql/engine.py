@@ -313,8 +313,9 @@ def key_sql_type(domain) -> str:
 
 
 def write_table(con, name: str, columns: Sequence[tuple[str, str, list]], *,
-                replace: bool = False) -> None:
-    """Create ``main.name`` with (column name, SQL type, values) in one statement."""
+                replace: bool = False, comment: str | None = None) -> None:
+    """Create ``main.name`` with (column name, SQL type, values) in one statement; an
+    optional table comment (``COMMENT ON TABLE``) describes how the values were made."""
     cols = ", ".join(f"{quote_ident(c)} {t}" for c, t, _ in columns)
     with engine_errors(f"writing result table {name!r}"):
         if replace:
@@ -324,3 +325,6 @@ def write_table(con, name: str, columns: Sequence[tuple[str, str, list]], *,
             select = ", ".join(f"unnest(${i + 1}::{t}[])" for i, (_, t, _) in enumerate(columns))
             con.execute(f"INSERT INTO main.{quote_ident(name)} SELECT {select}",
                         [list(v) for _, _, v in columns])
+        if comment is not None:
+            con.execute(f"COMMENT ON TABLE main.{quote_ident(name)} IS "
+                        f"'{comment.replace(chr(39), chr(39) * 2)}'")

@@ -93,7 +93,8 @@ class Session:
     def answer(self, sql: str | Sequence[str], *, epsilon=None, delta, strategy: str = "auto",
                calibration: str = "analytic", replace: bool = False,
                name: str | None = None, model: str = "dp", target_rmse=None,
-               max_stderr=None, confirm: bool = False) -> Release:
+               max_stderr=None, confirm: bool = False, nonnegative: bool = False,
+               integer: bool = False) -> Release:
         """Release noisy answers to a batch, charging (epsilon, delta) to the table's budget.
 
         ``name`` makes the release idempotent: asking again under the same name with the same
@@ -107,7 +108,15 @@ class Session:
         Accuracy first: ``target_rmse=`` or ``max_stderr=`` instead of ``epsilon`` spends the
         smallest ε that meets the target (see :meth:`explain`), and only with
         ``confirm=True``; without it the cost is reported in the error and nothing is spent.
+
+        Consistency (post-processing, no privacy cost): ``nonnegative=True`` answers from
+        the cell estimates of non-negative least squares, ``integer=True`` rounds the
+        answers. The standard errors and intervals still describe the unconstrained
+        estimate; the result tables' comments say so.
         """
+        for flag, value in (("nonnegative", nonnegative), ("integer", integer)):
+            if not isinstance(value, bool):
+                raise DpsqlError(f"{flag} must be True or False, got {value!r}")
         objective = self._objective(epsilon, target_rmse, max_stderr, model, strategy)
         if objective is not None:
             expl = self.explain(sql, delta=delta, strategy=strategy, calibration=calibration,
@@ -127,7 +136,7 @@ class Session:
                 recorded = ledger.find_named(con, name)
                 if recorded is not None:
                     return self._recorded(con, recorded, text, eps, dlt, strategy,
-                                          calibration, model)
+                                          calibration, model, _flags(nonnegative, integer))
             policies = ledger.load_policies(con)
             if self._model(model, dlt, strategy) == "metric":
                 return self._answer_dx(con, policies, sql, text, eps, replace, name, strategy)
@@ -159,16 +168,21 @@ class Session:
                 n_cells=workload.n_cells, expected_rmse=expl.rmse, sql_text=text,
                 bound_ratio=expl.bound_ratio,
                 result_tables=result_names, private=self.kernel.private, release_name=name,
-                request=json.dumps(_request_params(eps, dlt, strategy, calibration, "dp")))
+                request=json.dumps(_request_params(eps, dlt, strategy, calibration, "dp")
+                                   | _flags(nonnegative, integer)))
             with _interrupts_deferred() as interrupted:
                 # from the charge to the committed result tables, Ctrl-C waits: a charged
                 # release is always completed, never left half-written
                 m = self.kernel.release(con, policy, workload, chosen, expl.sigma, request,
                                         mechanism=expl.mechanism)
                 answers = solver.answers(workload.W, m.y)
+                comment = None
+                if nonnegative or integer:
+                    answers, comment = consistent(chosen, workload.W, m.y, answers,
+                                                  nonnegative, integer)
                 parts = [(out, answers, expl.stderr, halfwidth) for out in workload.outputs]
                 results = self._write(con, m.release_id, m.result_tables, policy, parts,
-                                      replace)
+                                      replace, comment)
         release = Release(m.release_id, policy.table, list(m.result_tables), float(eps),
                           float(cost.delta), expl.strategy, expl.sigma, expl.rmse, results,
                           m.private, name=name)
@@ -218,13 +232,13 @@ class Session:
     # ------------------------------------------------------------------ internals
     @staticmethod
     def _recorded(con, entry: dict, text: str, eps, dlt, strategy: str,
-                  calibration: str, model: str = "dp") -> Release:
+                  calibration: str, model: str = "dp", extra: dict | None = None) -> Release:
         """A named release asked again: its recorded answers, or a refusal. Never new noise.
 
         "The same request" is the same SQL and the same parameters as asked (ε, δ, strategy,
         calibration, model), recorded with the charge."""
         name = entry["release_name"]
-        same = request_matches(entry, text, eps, dlt, strategy, calibration, model)
+        same = request_matches(entry, text, eps, dlt, strategy, calibration, model, extra)
         if not same:
             raise DpsqlError(
                 f"release name {name!r} is already used (release {entry['release_id']}) for a "
@@ -438,7 +452,8 @@ class Session:
             raise InterruptedAfterRelease(release)
         return release
 
-    def _write(self, con, release_id, names, policy, parts, replace) -> list:
+    def _write(self, con, release_id, names, policy, parts, replace,
+               comment: str | None = None) -> list:
         """Write each statement's result table and mark the release done, in one transaction.
 
         ``parts``: per statement in order, ``(output, answers, stderr, halfwidth)`` with the
@@ -451,7 +466,7 @@ class Session:
             for name, (out, answers, stderr, halfwidth) in zip(names, parts):
                 cols = build_columns(out, policy, answers, stderr, halfwidth)
                 engine.write_table(con, name, cols, replace=replace or out.query.replace
-                                   or out.query.target is None)
+                                   or out.query.target is None, comment=comment)
                 rows = list(zip(*[v for _, _, v in cols])) if cols else []
                 results.append(ResultTable(name, tuple(c for c, _, _ in cols), rows))
                 recorded.append((out.query.index, name, out.query.sql, len(rows)))
@@ -468,19 +483,51 @@ class Session:
 
 
 def request_matches(entry: dict, text: str, eps, dlt, strategy: str, calibration: str,
-                    model: str) -> bool:
+                    model: str, extra: dict | None = None) -> bool:
     """Whether a ledger entry was charged for this very request: the same SQL text and the
     same parameters as asked (ε, δ, strategy, calibration, model; recorded with the charge).
     Used for named releases, which are never re-noised."""
     if entry.get("request") is not None:
         return (entry["sql_text"] == text and json.loads(entry["request"])
-                == _request_params(eps, dlt, strategy, calibration, model))
+                == _request_params(eps, dlt, strategy, calibration, model) | (extra or {}))
     gaussian = entry["mechanism"] == "gaussian"     # a row from before requests were recorded
     return (entry["sql_text"] == text and model == "dp"
             and Fraction(entry["epsilon"]) == Fraction(float(eps))
             and Fraction(entry["delta"]) == Fraction(float(dlt))
             and strategy in ("auto", entry["strategy"])
             and (not gaussian or calibration == entry["calibration"]))
+
+
+def consistent(plan, W, y, answers, nonnegative: bool, integer: bool):
+    """Post-processed answers and the note that says how (public inputs and ``y`` only).
+
+    ``nonnegative``: the cell estimates minimise ``||A x − y||`` subject to ``x ≥ 0``
+    (scipy's bounded least squares; for the identity strategy, ``max(y, 0)``) and the
+    answers are ``W x``; ``integer``: answers rounded to the nearest integer. Neither spends
+    privacy (post-processing). Their errors are no longer the reported ones: the standard
+    errors describe the unconstrained least-squares estimate.
+    """
+    import scipy.optimize as so
+
+    notes = []
+    if nonnegative:
+        if plan.A is None:
+            x_hat = np.maximum(np.asarray(y, dtype=float), 0.0)
+        else:
+            x_hat = so.lsq_linear(plan.A, np.asarray(y, dtype=float), bounds=(0.0, np.inf),
+                                  lsmr_tol="auto", method="trf").x
+        answers = np.asarray(W @ x_hat, dtype=float).reshape(-1)
+        notes.append("non-negative least squares on the cell estimates")
+    if integer:
+        answers = np.rint(answers)
+        notes.append("rounded to integers")
+    return answers, ("dpsql post-processing: " + "; ".join(notes) + ". stderr, ci_low and "
+                     "ci_high describe the unconstrained least-squares estimate.")
+
+
+def _flags(nonnegative: bool, integer: bool) -> dict:
+    """Post-processing flags as recorded with a request (absent when off)."""
+    return {"nonnegative": nonnegative, "integer": integer} if nonnegative or integer else {}
 
 
 def _request_params(eps, dlt, strategy, calibration, model) -> dict:
