@@ -131,7 +131,8 @@ class Session:
         text = sql if isinstance(sql, str) else ";\n".join(sql)
         if name is not None and (not isinstance(name, str) or not name.strip()):
             raise DpsqlError("a release name must be a non-empty string")
-        with self.db.connect() as con:
+        done: list = []      # the Release, once built (a late Ctrl-C still reports it)
+        with _completed_on_interrupt(done), self.db.connect() as con:
             if name is not None:
                 recorded = ledger.find_named(con, name)
                 if recorded is not None:
@@ -139,10 +140,11 @@ class Session:
                                           calibration, model, _flags(nonnegative, integer))
             policies = ledger.load_policies(con)
             if self._model(model, dlt, strategy) == "metric":
-                return self._answer_dx(con, policies, sql, text, eps, replace, name, strategy)
+                return self._answer_dx(con, policies, sql, text, eps, replace, name, strategy,
+                                       done)
             if adaptive.is_mwem(strategy):
                 return self._answer_mwem(con, policies, sql, text, eps, dlt, strategy,
-                                         replace, name)
+                                         replace, name, done)
             policy, queries, workload = self._compile(sql, policies)
             names_given = self._check_targets(con, queries, policies, replace)
             expl = selection.select(con, policy, workload, eps, dlt, strategy, calibration,
@@ -183,12 +185,12 @@ class Session:
                 parts = [(out, answers, expl.stderr, halfwidth) for out in workload.outputs]
                 results = self._write(con, m.release_id, m.result_tables, policy, parts,
                                       replace, comment)
-        release = Release(m.release_id, policy.table, list(m.result_tables), float(eps),
-                          float(cost.delta), expl.strategy, expl.sigma, expl.rmse, results,
-                          m.private, name=name)
+                done.append(Release(m.release_id, policy.table, list(m.result_tables),
+                                    float(eps), float(cost.delta), expl.strategy, expl.sigma,
+                                    expl.rmse, results, m.private, name=name))
         if interrupted:
-            raise InterruptedAfterRelease(release)
-        return release
+            raise InterruptedAfterRelease(done[0])
+        return done[0]
 
     def budget(self, table: str | None = None) -> dict:
         """Spent and remaining (ε, δ) per protected table (exact fractions and floats)."""
@@ -354,7 +356,7 @@ class Session:
         expl = adaptive.explain_mwem(policy, compiled, eps, options, strategy)
         return expl, options, compiled, blocks
 
-    def _answer_mwem(self, con, policies, sql, text, eps, dlt, strategy, replace, name):
+    def _answer_mwem(self, con, policies, sql, text, eps, dlt, strategy, replace, name, done):
         """Release an MWEM batch: charge the full ε, run the algorithm against the kernel's
         measure callback, write the synthetic answers (no standard errors: data-dependent)."""
         policy, queries = self._parse(sql, policies)
@@ -385,11 +387,11 @@ class Session:
                              for out in workload.outputs)
             parts.sort(key=lambda part: part[0].query.index)
             results = self._write(con, release_id, tables, policy, parts, replace)
-        release = Release(release_id, policy.table, list(tables), float(eps), 0.0, strategy,
-                          math.nan, math.nan, results, private, name=name)
+            done.append(Release(release_id, policy.table, list(tables), float(eps), 0.0,
+                                strategy, math.nan, math.nan, results, private, name=name))
         if interrupted:
-            raise InterruptedAfterRelease(release)
-        return release
+            raise InterruptedAfterRelease(done[0])
+        return done[0]
 
     @staticmethod
     def _objective(epsilon, target_rmse, max_stderr, model, strategy):
@@ -424,7 +426,7 @@ class Session:
                                     f"{strategy!r}")
         return model
 
-    def _answer_dx(self, con, policies, sql, text, eps, replace, name, strategy):
+    def _answer_dx(self, con, policies, sql, text, eps, replace, name, strategy, done):
         """A metric (d_X) release: per-query Laplace scales from the public program, charged
         to the table's metric budget (ε per unit distance), answers with exact errors."""
         policy, queries, workload = self._compile(sql, policies)
@@ -445,12 +447,12 @@ class Session:
             m = self.kernel.release_per_query(con, policy, workload, plan.scales, request)
             parts = [(out, m.y, expl.stderr, halfwidth) for out in workload.outputs]
             results = self._write(con, m.release_id, m.result_tables, policy, parts, replace)
-        release = Release(m.release_id, policy.table, list(m.result_tables), float(eps), 0.0,
-                          "dx_laplace", math.nan, plan.expected_rmse, results, m.private,
-                          name=name)
+            done.append(Release(m.release_id, policy.table, list(m.result_tables), float(eps),
+                                0.0, "dx_laplace", math.nan, plan.expected_rmse, results,
+                                m.private, name=name))
         if interrupted:
-            raise InterruptedAfterRelease(release)
-        return release
+            raise InterruptedAfterRelease(done[0])
+        return done[0]
 
     def _write(self, con, release_id, names, policy, parts, replace,
                comment: str | None = None) -> list:
@@ -571,6 +573,20 @@ class InterruptedAfterRelease(KeyboardInterrupt):
         super().__init__(f"interrupted after release {release.release_id} was charged and "
                          f"written (tables: {', '.join(release.tables)})")
         self.release = release
+
+
+@contextlib.contextmanager
+def _completed_on_interrupt(done: list):
+    """A Ctrl-C after the release was built (e.g. while the connection closes) is reported
+    as :class:`InterruptedAfterRelease`, so callers learn the release completed."""
+    try:
+        yield
+    except InterruptedAfterRelease:
+        raise
+    except KeyboardInterrupt:
+        if done:
+            raise InterruptedAfterRelease(done[0]) from None
+        raise
 
 
 @contextlib.contextmanager

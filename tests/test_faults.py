@@ -495,8 +495,6 @@ def test_ctrl_c_during_a_long_script(template, tmp_path, capsys, n_workloads, de
         with dpsql.connect(path) as db:
             recorded = [(e["release_name"], str(e["release_id"])) for e in db.ledger()]
         listed = [(f"nightly/{w}", r) for w, r in listed]
-        # recorded[:-1]: the signal hit the few instructions after a release's commit that
-        # Ctrl-C is not deferred in (test_ctrl_c_right_after_the_commit_..., xfail below)
         assert listed in (recorded, recorded[:-1]), (listed, recorded)
     code, out, err = _rerun(capsys, path, script)
     assert code == 0 and err == "", err
@@ -573,15 +571,6 @@ def test_sigterm_after_the_charge_completes_the_release_like_ctrl_c(template, tm
     assert "nightly/1" in err and code != 0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG (minor): Ctrl-C arriving after the results' COMMIT but before Session.answer returns "
-    "(the database connection is being closed, the Release built) escapes "
-    "_interrupts_deferred as a plain KeyboardInterrupt. The release is complete and recorded, "
-    "but `dpsql run` then reports its workload as 'not run' (a re-run returns its recorded "
-    "answers, so nothing is charged twice) and the DB-API loses the cursor's results. Fix: "
-    "keep SIGINT deferred until answer() has built its Release (enter _interrupts_deferred "
-    "outside `with self.db.connect()`), or turn a KeyboardInterrupt raised after the commit "
-    "into InterruptedAfterRelease."))
 def test_ctrl_c_right_after_the_commit_is_reported_as_released(template, tmp_path,
                                                                monkeypatch, capsys):
     """Ctrl-C lands just after the commit, while answer() builds its Release (hit on purpose
