@@ -130,7 +130,15 @@ def fresh(template: str, directory: str, tag: str) -> "dpsql.Session":
 
 
 def chosen(expl):
-    return next(c for c in expl.candidates if c.strategy == expl.strategy)
+    """The chosen candidate (auto may compare the same name in two noise families)."""
+    mechanism = getattr(expl, "mechanism", None)
+    return next(c for c in expl.candidates if c.strategy == expl.strategy
+                and getattr(c, "mechanism", None) == mechanism)
+
+
+def named(expl) -> str:
+    mechanism = getattr(expl, "mechanism", None)
+    return expl.strategy + (f"/{mechanism}" if mechanism else "")
 
 
 def _dense(A):
@@ -223,15 +231,15 @@ def run_case(label: str, case: dict, rows: int, repeat: int, answer: bool,
             more = [timed(lambda: db.explain(sql, epsilon=EPSILON, delta=DELTA,
                                              strategy=strategy))[1] for _ in range(repeat)]
             hit_median = statistics.median([hit] + more)
-            cached = [c.strategy for c in e2.candidates if c.cached]
+            cached = [named(c) for c in e2.candidates if c.cached]
             speed = cold / hit
             lines.append(
                 f"  explain {strategy:<8} n={e1.n_cells:<5} m={e1.n_queries:<5} "
-                f"chosen={e1.strategy:<12} cold {cold:7.2f}s  hit {hit:6.2f}s "
+                f"chosen={named(e1):<17} cold {cold:7.2f}s  hit {hit:6.2f}s "
                 f"(median of {1 + repeat}: {hit_median:5.2f}s)  speed-up {speed:5.1f}x "
                 f"[{'PASS' if speed >= TARGET else 'MISS'}]  identical plan: "
                 f"{'yes' if identical(e1, e2) else 'NO'}  cached: {','.join(cached) or '-'}")
-            sel = [(c.strategy, c.seconds) for c in e1.candidates if math.isfinite(c.rmse)]
+            sel = [(named(c), c.seconds) for c in e1.candidates if math.isfinite(c.rmse)]
             lines.append("      cold selection seconds: " + ", ".join(
                 f"{s} {t:.2f}" for s, t in sel))
             if profile:

@@ -202,7 +202,8 @@ def unit_covariance(db, sql: str, strategy: str) -> np.ndarray:
     policy = db.policies()["adult"]
     W = compile_workload(parse_batch(sql, lambda name, node: policy), policy).W.toarray()
     expl = db.explain(sql, epsilon=EPSILON, delta=DELTA, strategy=strategy)
-    plan = next(c for c in expl.candidates if c.strategy == expl.strategy).plan
+    plan = next(c for c in expl.candidates if c.strategy == expl.strategy
+                and getattr(c, "mechanism", "gaussian") == "gaussian").plan
     A = np.eye(W.shape[1]) if plan.A is None else (
         plan.A.toarray() if hasattr(plan.A, "toarray") else np.asarray(plan.A))
     return W @ np.linalg.pinv(A.T @ A, hermitian=True) @ W.T
