@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 import scipy.linalg as la
+import scipy.optimize as so
 import scipy.sparse as sp
 
 from .errors import StrategyError
@@ -125,3 +126,28 @@ class LeastSquares:
         U, s, Vt = self._svd
         x_hat = Vt.T @ ((U.T @ y) / s)
         return np.asarray(W @ x_hat, dtype=float).reshape(-1)
+
+
+def consistent(plan, W, y, answers, nonnegative: bool, integer: bool):
+    """Post-processed answers and the note that says how (public inputs and ``y`` only).
+
+    ``nonnegative``: the cell estimates minimise ``||A x − y||`` subject to ``x ≥ 0``
+    (scipy's bounded least squares; for the identity strategy, ``max(y, 0)``) and the
+    answers are ``W x``; ``integer``: answers rounded to the nearest integer. Neither spends
+    privacy (post-processing). Their errors are no longer the reported ones: the standard
+    errors describe the unconstrained least-squares estimate.
+    """
+    notes = []
+    if nonnegative:
+        if plan.A is None:
+            x_hat = np.maximum(np.asarray(y, dtype=float), 0.0)
+        else:
+            x_hat = so.lsq_linear(plan.A, np.asarray(y, dtype=float), bounds=(0.0, np.inf),
+                                  lsmr_tol="auto", method="trf").x
+        answers = np.asarray(W @ x_hat, dtype=float).reshape(-1)
+        notes.append("non-negative least squares on the cell estimates")
+    if integer:
+        answers = np.rint(answers)
+        notes.append("rounded to integers")
+    return answers, ("dpsql post-processing: " + "; ".join(notes) + ". stderr, ci_low and "
+                     "ci_high describe the unconstrained least-squares estimate.")

@@ -21,7 +21,7 @@ from . import adaptive, engine, ledger, selection
 from .accounting import PrivacyCost, fraction_to_text, validate_delta, validate_epsilon
 from .errors import (DpsqlError, PolicyError, PrivacyParameterError, StrategyError,
                      UnsupportedQueryError)
-from .inference import LeastSquares
+from .inference import LeastSquares, consistent
 from .kernel import Kernel
 from .mwem import run_mwem
 from .noise import rounding_slack, zcdp_rho
@@ -498,33 +498,6 @@ def request_matches(entry: dict, text: str, eps, dlt, strategy: str, calibration
             and Fraction(entry["delta"]) == Fraction(float(dlt))
             and strategy in ("auto", entry["strategy"])
             and (not gaussian or calibration == entry["calibration"]))
-
-
-def consistent(plan, W, y, answers, nonnegative: bool, integer: bool):
-    """Post-processed answers and the note that says how (public inputs and ``y`` only).
-
-    ``nonnegative``: the cell estimates minimise ``||A x − y||`` subject to ``x ≥ 0``
-    (scipy's bounded least squares; for the identity strategy, ``max(y, 0)``) and the
-    answers are ``W x``; ``integer``: answers rounded to the nearest integer. Neither spends
-    privacy (post-processing). Their errors are no longer the reported ones: the standard
-    errors describe the unconstrained least-squares estimate.
-    """
-    import scipy.optimize as so
-
-    notes = []
-    if nonnegative:
-        if plan.A is None:
-            x_hat = np.maximum(np.asarray(y, dtype=float), 0.0)
-        else:
-            x_hat = so.lsq_linear(plan.A, np.asarray(y, dtype=float), bounds=(0.0, np.inf),
-                                  lsmr_tol="auto", method="trf").x
-        answers = np.asarray(W @ x_hat, dtype=float).reshape(-1)
-        notes.append("non-negative least squares on the cell estimates")
-    if integer:
-        answers = np.rint(answers)
-        notes.append("rounded to integers")
-    return answers, ("dpsql post-processing: " + "; ".join(notes) + ". stderr, ci_low and "
-                     "ci_high describe the unconstrained least-squares estimate.")
 
 
 def _flags(nonnegative: bool, integer: bool) -> dict:

@@ -50,7 +50,7 @@ def test_named_replays_match_the_post_processing_asked_for(tmp_path):
 def test_nonnegative_least_squares_never_moves_away_from_the_measurements():
     """Against a brute-force check: the constrained fit's residual is the smallest over
     non-negative cell vectors (KKT: gradient >= 0 where x = 0, = 0 where x > 0)."""
-    from dpsql.session import consistent
+    from dpsql.inference import consistent
     from dpsql.strategies import REGISTRY
     from dpsql.workloads import all_range
 
