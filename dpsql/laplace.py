@@ -37,6 +37,7 @@ import numpy as np
 
 from dpsql.accounting import validate_epsilon
 from dpsql.errors import DpsqlError, PrivacyParameterError
+from dpsql.noise import _dimension, _positive_finite  # one set of input checks
 
 __all__ = [
     "GRID_BITS_BELOW_SCALE", "laplace_grid_exponent", "laplace_scale", "secure_exponential", "secure_laplace", "seeded_exponential",
@@ -54,21 +55,6 @@ _MIN_SCALE = 1e-100
 _MAX_SCALE = 1e100
 
 # --- Input checks ---
-
-def _positive_finite(value: object, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise PrivacyParameterError(f"{name} must be a real number, got {type(value).__name__}")
-    result = float(value)
-    if not math.isfinite(result) or result <= 0:
-        raise PrivacyParameterError(f"{name} must be finite and > 0, got {result!r}")
-    return result
-
-
-def _dimension(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise PrivacyParameterError(f"dimension must be an integer >= 0, got {value!r}")
-    return int(value)
-
 
 def _sampler_scale(value: object) -> float:
     scale = _positive_finite(value, "scale")
