@@ -7,33 +7,30 @@ strategy, budget fit) before the kernel reads a single row, so a bad request cha
 
 from __future__ import annotations
 
-import contextlib
 import json
-import math
-import signal
-import threading
-from fractions import Fraction
 from typing import Sequence
 
 import numpy as np
 
 from . import adaptive, engine, ledger, selection
-from .accounting import PrivacyCost, fraction_to_text, validate_delta, validate_epsilon
+from .accounting import PrivacyCost, validate_delta, validate_epsilon
 from .errors import (DpsqlError, PolicyError, PrivacyParameterError, StrategyError,
                      UnsupportedQueryError)
 from .inference import LeastSquares, consistent
 from .kernel import Kernel
-from .mwem import run_mwem
 from .noise import rounding_slack, zcdp_rho
 from .policy import TablePolicy, load_policy
 from .results import Z95, Explanation, Release, ResultTable, build_columns
 from .sql.compile import Workload, compile_workload
 from .sql.parse import parse_batch
+from .release_support import (InterruptedAfterRelease, _completed_on_interrupt, _flags,
+                              _interrupts_deferred, _request_params, request_matches)
+from .session_adaptive import AdaptivePaths
 
 CALIBRATIONS = ("analytic", "classic")
 
 
-class Session:
+class Session(AdaptivePaths):
     """A dpsql connection to one DuckDB database. Create it with :func:`dpsql.connect`."""
 
     def __init__(self, path: str = ":memory:", *, lock_timeout: float = 30.0, sampler=None):
@@ -346,53 +343,6 @@ class Session:
             return out
         return result_names
 
-    def _mwem_plan(self, policy, queries, eps, dlt, strategy):
-        """(explanation, options, compiled blocks, MWEM blocks) of an MWEM request."""
-        if dlt != 0:
-            raise PrivacyParameterError(
-                "mwem is a pure epsilon-DP mechanism: ask for it with delta = 0")
-        options = adaptive.mwem_options(strategy, policy)
-        compiled, blocks = adaptive.blocks_for(queries, policy)
-        expl = adaptive.explain_mwem(policy, compiled, eps, options, strategy)
-        return expl, options, compiled, blocks
-
-    def _answer_mwem(self, con, policies, sql, text, eps, dlt, strategy, replace, name, done):
-        """Release an MWEM batch: charge the full ε, run the algorithm against the kernel's
-        measure callback, write the synthetic answers (no standard errors: data-dependent)."""
-        policy, queries = self._parse(sql, policies)
-        names_given = self._check_targets(con, queries, policies, replace)
-        expl, options, compiled, blocks = self._mwem_plan(policy, queries, eps, dlt, strategy)
-        cost = PrivacyCost(eps, dlt)
-        ledger.check_fits(con, policy, cost, "mwem", None)
-        request = ledger.Charge(
-            table=policy.table, cost=cost, mechanism="mwem", strategy=strategy,
-            calibration=None, sigma=None, sensitivity=1.0, rho=float(eps) ** 2 / 2.0,
-            n_queries=expl.n_queries, n_cells=sum(w.n_cells for w, _ in compiled),
-            expected_rmse=None, sql_text=text, bound_ratio=None,
-            result_tables=self._result_names(con, queries, names_given),
-            private=self.kernel.private, release_name=name,
-            request=json.dumps(_request_params(eps, dlt, strategy, "analytic", "dp")))
-        eps_exact = Fraction(eps)
-
-        def algorithm(oracle):
-            return run_mwem(blocks, eps_exact, oracle, options)
-
-        with _interrupts_deferred() as interrupted:
-            release_id, tables, result, private = self.kernel.release_adaptive(
-                con, policy, [w for w, _ in compiled], eps_exact, request, algorithm)
-            parts = []
-            for (workload, _), answers in zip(compiled, result.answers):
-                blank = np.full(len(answers), math.nan)
-                parts.extend((out, np.asarray(answers, dtype=float), blank, blank)
-                             for out in workload.outputs)
-            parts.sort(key=lambda part: part[0].query.index)
-            results = self._write(con, release_id, tables, policy, parts, replace)
-            done.append(Release(release_id, policy.table, list(tables), float(eps), 0.0,
-                                strategy, math.nan, math.nan, results, private, name=name))
-        if interrupted:
-            raise InterruptedAfterRelease(done[0])
-        return done[0]
-
     @staticmethod
     def _objective(epsilon, target_rmse, max_stderr, model, strategy):
         """(objective, target) of an accuracy-first request, or None."""
@@ -410,49 +360,6 @@ class Session:
             raise StrategyError("accuracy targets apply to the matrix mechanism (model 'dp', "
                                 "not mwem): its error is known before the release")
         return given[0]
-
-    @staticmethod
-    def _model(model, dlt, strategy) -> str:
-        if model not in ("dp", "metric"):
-            raise PrivacyParameterError(f"model must be 'dp' (differential privacy) or "
-                                        f"'metric' (d_X privacy), got {model!r}")
-        if model == "metric":
-            if dlt != 0:
-                raise PrivacyParameterError(
-                    "metric (d_X) releases are pure: ask with delta = 0")
-            if strategy not in ("auto", "dx_laplace"):
-                raise StrategyError(f"metric (d_X) releases use the d_X Laplace mechanism; "
-                                    f"strategy must be 'auto' or 'dx_laplace', got "
-                                    f"{strategy!r}")
-        return model
-
-    def _answer_dx(self, con, policies, sql, text, eps, replace, name, strategy, done):
-        """A metric (d_X) release: per-query Laplace scales from the public program, charged
-        to the table's metric budget (ε per unit distance), answers with exact errors."""
-        policy, queries, workload = self._compile(sql, policies)
-        names_given = self._check_targets(con, queries, policies, replace)
-        expl, plan = adaptive.explain_dx(policy, workload, eps)
-        metric_eps = Fraction(eps)
-        ledger.check_metric(con, policy, metric_eps)    # refuse early; charge() re-checks
-        request = ledger.Charge(
-            table=policy.table, cost=PrivacyCost(0, 0), mechanism="dx_laplace",
-            strategy="dx_laplace", calibration=None, sigma=None, sensitivity=None, rho=None,
-            n_queries=workload.n_queries, n_cells=workload.n_cells,
-            expected_rmse=plan.expected_rmse, sql_text=text, bound_ratio=None,
-            result_tables=self._result_names(con, queries, names_given),
-            private=self.kernel.private, release_name=name, metric_epsilon=metric_eps,
-            request=json.dumps(_request_params(eps, 0, strategy, "analytic", "metric")))
-        halfwidth = plan.scales * math.log(20.0)   # P(|Lap(b)| > b ln 20) = 5%
-        with _interrupts_deferred() as interrupted:
-            m = self.kernel.release_per_query(con, policy, workload, plan.scales, request)
-            parts = [(out, m.y, expl.stderr, halfwidth) for out in workload.outputs]
-            results = self._write(con, m.release_id, m.result_tables, policy, parts, replace)
-            done.append(Release(m.release_id, policy.table, list(m.result_tables), float(eps),
-                                0.0, "dx_laplace", math.nan, plan.expected_rmse, results,
-                                m.private, name=name))
-        if interrupted:
-            raise InterruptedAfterRelease(done[0])
-        return done[0]
 
     def _write(self, con, release_id, names, policy, parts, replace,
                comment: str | None = None) -> list:
@@ -484,33 +391,6 @@ class Session:
         return results
 
 
-def request_matches(entry: dict, text: str, eps, dlt, strategy: str, calibration: str,
-                    model: str, extra: dict | None = None) -> bool:
-    """Whether a ledger entry was charged for this very request: the same SQL text and the
-    same parameters as asked (ε, δ, strategy, calibration, model; recorded with the charge).
-    Used for named releases, which are never re-noised."""
-    if entry.get("request") is not None:
-        return (entry["sql_text"] == text and json.loads(entry["request"])
-                == _request_params(eps, dlt, strategy, calibration, model) | (extra or {}))
-    gaussian = entry["mechanism"] == "gaussian"     # a row from before requests were recorded
-    return (entry["sql_text"] == text and model == "dp"
-            and Fraction(entry["epsilon"]) == Fraction(float(eps))
-            and Fraction(entry["delta"]) == Fraction(float(dlt))
-            and strategy in ("auto", entry["strategy"])
-            and (not gaussian or calibration == entry["calibration"]))
-
-
-def _flags(nonnegative: bool, integer: bool) -> dict:
-    """Post-processing flags as recorded with a request (absent when off)."""
-    return {"nonnegative": nonnegative, "integer": integer} if nonnegative or integer else {}
-
-
-def _request_params(eps, dlt, strategy, calibration, model) -> dict:
-    """What a request asked for, as recorded with its charge (exact ε and δ)."""
-    return {"epsilon": fraction_to_text(eps), "delta": fraction_to_text(dlt),
-            "strategy": strategy, "calibration": calibration, "model": model}
-
-
 def interval_halfwidths(expl: Explanation, solver: LeastSquares, W) -> np.ndarray:
     """Half-widths of the 95% intervals of the answers (public: no data).
 
@@ -537,49 +417,6 @@ def _rho(expl: Explanation, eps, plan) -> float:
         return float(eps) ** 2 / 2.0
     return zcdp_rho(expl.sigma, plan.sensitivity + rounding_slack(expl.sigma,
                                                                   plan.n_measurements))
-
-
-class InterruptedAfterRelease(KeyboardInterrupt):
-    """Ctrl-C arrived while a charged release was being completed; it completed first."""
-
-    def __init__(self, release: Release):
-        super().__init__(f"interrupted after release {release.release_id} was charged and "
-                         f"written (tables: {', '.join(release.tables)})")
-        self.release = release
-
-
-@contextlib.contextmanager
-def _completed_on_interrupt(done: list):
-    """A Ctrl-C after the release was built (e.g. while the connection closes) is reported
-    as :class:`InterruptedAfterRelease`, so callers learn the release completed."""
-    try:
-        yield
-    except InterruptedAfterRelease:
-        raise
-    except KeyboardInterrupt:
-        if done:
-            raise InterruptedAfterRelease(done[0]) from None
-        raise
-
-
-@contextlib.contextmanager
-def _interrupts_deferred():
-    """Hold SIGINT and SIGTERM until the block ends (main thread only); yields a list,
-    non-empty if one arrived. A charged release is then completed before the process stops
-    (the caller raises :class:`InterruptedAfterRelease`)."""
-    got: list = []
-    if threading.current_thread() is not threading.main_thread():
-        yield got
-        return
-    signals = (signal.SIGINT, signal.SIGTERM)
-    previous = {s: signal.getsignal(s) for s in signals}
-    for s in signals:
-        signal.signal(s, lambda signum, frame: got.append(signum))
-    try:
-        yield got
-    finally:
-        for s in signals:
-            signal.signal(s, previous[s])
 
 
 def connect(path: str = ":memory:", **kwargs) -> Session:

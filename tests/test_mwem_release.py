@@ -10,7 +10,7 @@ import pytest
 import scipy.sparse as sp
 
 import dpsql
-from dpsql import session as session_mod
+from dpsql import session_adaptive as session_mod
 from dpsql.errors import StrategyError
 from dpsql.kernel import MeasureOracle
 from dpsql.mwem_groups import CandidateGroups, GroupValues
