@@ -29,6 +29,17 @@ with weight ``ln n_g`` (blocks of one cell have nothing to learn and get no roun
 ``2N √(ln n_g / T_g)``, equals the flat bound's ``2N √(ln |D| / T)`` on the product domain
 ``|D| = Π n_g`` (up to rounding ``T_g`` to an integer).
 
+**All ranges, implicit** (paper §3.1). A :class:`RangeBlock` ``(n)`` stands for every
+range query ``[lo, hi]`` over ``n`` ordered cells — ``n(n+1)/2`` rows (9.5 M for 4,357
+cells) that are never listed. The state hands the oracle the estimates as prefix sums and
+the set of ranges already measured (:class:`AllIntervals`); the oracle's
+``select_interval`` draws from the exponential mechanism over all the other ranges (score
+``|est − true|``, sensitivity 1) in ``O(n log n)`` by an exact two-stage draw
+(:meth:`AllIntervals.sample`); the measurement and the MW update are those of one explicit
+range row, and the answers are all ranges, by ``lo`` then ``hi``
+(:func:`interval_index`). The form takes nothing but the public cell count, and given the
+same choices and noise it equals the explicit all-ranges block (tested).
+
 **Practical variants** (paper §2.3.3, §3.3), all in :class:`MWEMOptions`:
 
 - ``iterate``: ``"average"`` returns the mean of ``A₁ … A_T`` (what the theorem covers);
@@ -73,15 +84,21 @@ only at the last stage is the same as never stopping. ``T`` then lies between
 shapes, ``N`` = 2000 and 50000, ε = 0.01, 0.1, 1) it stayed within 2× of the better of
 ``T = 10`` and ``T = 30`` chosen in hindsight, and sometimes beat both.
 
-**Numerics and speed.** The MW state is log weights, so no update overflows (tested with
-``N = 10¹²`` and Laplace noise far larger than ``N``). An update touches only the measured
-rows' cells (a cached ``exp`` and its sum, recomputed exactly after every pass), and the
-per-round estimates ``W_g A_g`` use prefix sums when every row of a block is a 0/1
-interval of cells (range queries): 50 rounds on 1024 cells and 20 000 range queries with
-the default ``replay`` take well under a second.
+**Numerics and speed** (:mod:`dpsql.mwem_state`). The MW state is log weights, so no
+update overflows (tested with ``N = 10¹²`` and Laplace noise far larger than ``N``). An
+update touches only the measured rows' cells (a cached ``exp`` and its sum, recomputed
+exactly after every pass); a single 0/1 row on a *box* of cells — a range, or a rectangle
+in C order: equal runs at a constant stride — is one scalar step on a strided view
+(``w *= e^s``, no gather, no ``exp`` per cell). The per-round estimates ``W_g A_g`` use
+prefix sums when every row of a block is a 0/1 interval of cells (range queries): 50
+rounds on 1024 cells and 20 000 range queries with the default ``replay`` take well under
+a second; on Adult (benchmarks/mwem_adult.py, shared machine) 40 rounds with
+``replay = 300`` take about 2 s over all 9.5 M ranges of 4,357 cells and about 4 s over
+2,000 rectangles of 7,326 cells.
 
 **Privacy.** Every release is an oracle call: the exponential mechanism with budget ``εᵢ``
-(score sensitivity = the largest column L1 norm over the candidate groups) or the Laplace
+(score sensitivity = the largest column L1 norm over the candidate groups; 1 for the
+ranges of a RangeBlock, drawn by ``select_interval`` at the same ``εᵢ``) or the Laplace
 mechanism with ``b = Δ₁/εᵢ`` — each ``εᵢ``-DP. Which call comes next, on which block,
 candidates and rows, and with which ``εᵢ``, is a function of public inputs (blocks,
 options, ε) and of earlier oracle outputs only. By adaptive sequential composition of pure
@@ -112,10 +129,16 @@ import scipy.sparse as sp
 
 from .accounting import to_exact
 from .errors import PrivacyParameterError, StrategyError
-from .mwem_groups import CandidateGroups, GroupValues, group_sensitivities
-from .mwem_options import Block, MWEMMeasurement, MWEMOptions, MWEMResult
+from .mwem_groups import (AllIntervals, CandidateGroups, GroupValues, group_sensitivities,
+                          interval_answers, interval_index)
+from .mwem_options import Block, MWEMMeasurement, MWEMOptions, MWEMResult, RangeBlock
+from .mwem_state import BlockState, Measured, interval_rows, make_state
+
+# the state classes lived here before mwem_state.py; the old private names stay importable
+_BlockState, _Measured, _interval_rows = BlockState, Measured, interval_rows
 
 __all__ = [
+    "AllIntervals",
     "Block",
     "CandidateGroups",
     "GroupValues",
@@ -124,6 +147,9 @@ __all__ = [
     "MWEMOptions",
     "MWEMResult",
     "MeasureOracle",
+    "RangeBlock",
+    "interval_answers",
+    "interval_index",
     "mwem_error_bound",
     "run_mwem",
 ]
@@ -141,6 +167,10 @@ class MeasureOracle(Protocol):
 
     def measure(self, block: int, rows: scipy.sparse.csr_matrix, epsilon: Fraction) -> tuple[np.ndarray, float]:  # noqa: E501
         """Noisy answers rows @ x_block + Laplace(b), b = L1 sensitivity(rows)/epsilon; returns (noisy, b). Spends epsilon."""  # noqa: E501
+
+    def select_interval(self, block: int, candidates: AllIntervals, estimates: np.ndarray,
+                        epsilon: Fraction) -> tuple[int, int]:
+        """Only for a RangeBlock: exponential mechanism over every range [lo, hi] of the block's cells that candidates allows; estimates are the prefix sums of A (n + 1 values); score |estimates[hi+1] - estimates[lo] - count of [lo, hi]|, sensitivity 1. The kernel computes the data's prefix sums and calls candidates.sample(estimates, prefix, epsilon, sampler.exponential). Spends epsilon; returns (lo, hi)."""  # noqa: E501
 
 
 # ---------------------------------------------------------------------------------------
@@ -174,6 +204,19 @@ class _Spender:
                                 f"index in [0, {len(groups)})")
         return int(k)
 
+    def select_interval(self, block, candidates, estimates, epsilon) -> tuple[int, int]:
+        epsilon = self._charge("select", block, epsilon)
+        out = self.oracle.select_interval(block, candidates, estimates, epsilon)
+        try:
+            lo, hi = (int(v) for v in out)
+            ok = all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in out)
+        except (TypeError, ValueError):
+            ok = False
+        if not ok or not candidates.allowed(lo, hi):
+            raise StrategyError(f"the oracle's select_interval returned {out!r}; expected a "
+                                f"range (lo, hi) of the {candidates.n} cells not measured yet")
+        return lo, hi
+
     def measure(self, kind, block, rows, epsilon) -> tuple[np.ndarray, float]:
         epsilon = self._charge(kind if kind != "round" else "measure", block, epsilon)
         out = self.oracle.measure(block, rows, epsilon)
@@ -190,140 +233,6 @@ class _Spender:
                                 f"and scale {scale!r}; expected {rows.shape[0]} and a "
                                 f"positive scale")
         return noisy, scale
-
-
-#: rescale the cached weights when the largest log weight drifts this far from the shift
-_RESCALE = 200.0
-
-
-class _Measured:
-    """A released measurement of some rows, prepared for O(nnz) MW updates."""
-
-    def __init__(self, rows: sp.csr_matrix, noisy: np.ndarray):
-        self.noisy = noisy
-        self.single = rows.shape[0] == 1
-        self.values = rows.data
-        self.row_of_nz = np.repeat(np.arange(rows.shape[0]), np.diff(rows.indptr))
-        # the distinct cells touched, and where each nonzero lands among them
-        self.cells, self.slot = np.unique(rows.indices, return_inverse=True)
-        self.cells = self.cells.astype(np.intp)
-        self.indices = rows.indices.astype(np.intp)
-        self.k = rows.shape[0]
-        if self.single and self.indices.size and \
-                self.indices[-1] - self.indices[0] + 1 == self.indices.size:
-            # a contiguous run of cells (a range query): slices, not gathers
-            self.indices = slice(int(self.indices[0]), int(self.indices[-1]) + 1)
-
-
-class _BlockState:
-    """One block's MW distribution and its measurement history.
-
-    The state is the vector of log weights ``logw`` (exact MW in log space: an update adds
-    ``q (m − q·A)/(2N)``; nothing ever overflows or is lost to underflow there). For speed
-    we also cache ``w = exp(logw − shift)`` and ``S = Σ w``, so ``p = w / S`` and one
-    update touches only the measured rows' nonzeros; ``S`` is recomputed exactly after
-    every round and every replay pass, and ``shift`` is reset whenever a log weight drifts
-    more than ``_RESCALE`` above it or ``S`` leaves a safe range.
-    """
-
-    def __init__(self, block: Block, cuboids: bool):
-        self.W = block.W
-        self.n = block.n_cells
-        m = block.n_queries
-        if cuboids and block.groups:
-            covered = np.zeros(m, dtype=bool)
-            for start, stop in block.groups:
-                covered[start:stop] = True
-            single = np.flatnonzero(~covered)
-            starts = np.concatenate([[s for s, _ in block.groups], single])
-            stops = np.concatenate([[e for _, e in block.groups], single + 1])
-        else:
-            starts = np.arange(m)
-            stops = starts + 1
-        self.starts = starts.astype(np.int64)
-        self.stops = stops.astype(np.int64)
-        self.penalties = ((self.stops - self.starts).astype(float) if cuboids
-                          else np.zeros(self.starts.size))
-        self.sensitivity = group_sensitivities(self.W, self.starts, self.stops)
-        self.measured = np.zeros(self.starts.size, dtype=bool)
-        self.history: list[_Measured] = []
-        self.sum_p = np.zeros(self.n)
-        self.rounds = 0
-        self.intervals = _interval_rows(self.W)
-        self.set_log_weights(np.zeros(self.n))
-
-    def set_log_weights(self, logw: np.ndarray) -> None:
-        self.logw = np.array(logw, dtype=float)
-        self.renormalise()
-
-    def renormalise(self) -> None:
-        self.shift = float(self.logw.max())
-        self.w = np.exp(self.logw - self.shift)
-        self.S = float(self.w.sum())
-
-    @property
-    def p(self) -> np.ndarray:
-        return self.w / self.S
-
-    def estimates(self, total: float) -> np.ndarray:
-        """``W @ A``: by prefix sums when every row is a 0/1 interval of cells (ranges)."""
-        if self.intervals is not None:
-            lo, hi = self.intervals
-            c = np.concatenate([[0.0], np.cumsum(self.p)])
-            return total * (c[hi] - c[lo])
-        return total * (self.W @ self.p)
-
-    def candidates(self) -> tuple[np.ndarray, CandidateGroups]:
-        if self.measured.all():
-            self.measured[:] = False
-        ids = np.flatnonzero(~self.measured)
-        return ids, CandidateGroups(self.W, self.starts[ids], self.stops[ids],
-                                    self.sensitivity[ids])
-
-    def update(self, meas: _Measured, total: float) -> None:
-        """One MW step: log w += Rᵀ (m − R A) / (2N), A = N w / S, touching R's cells only."""
-        rate = 2.0 * max(total, 1.0)
-        scale = total / self.S
-        if meas.single:
-            cells = meas.indices
-            old = self.w[cells]
-            est = scale * float(meas.values @ old)
-            step = meas.values * ((float(meas.noisy[0]) - est) / rate)
-        else:
-            cells = meas.cells
-            old = self.w[cells]
-            est = scale * np.bincount(meas.row_of_nz, weights=meas.values * old[meas.slot],
-                                      minlength=meas.k)
-            delta = (meas.noisy - est) / rate
-            step = np.bincount(meas.slot, weights=meas.values * delta[meas.row_of_nz],
-                               minlength=cells.size)
-        logw = self.logw[cells]
-        logw += step
-        self.logw[cells] = logw
-        if float(logw.max(initial=-math.inf)) - self.shift > _RESCALE:
-            self.renormalise()
-            return
-        old_sum = float(old.sum())      # before the write: `old` may be a view (a slice)
-        new = np.exp(logw - self.shift)
-        self.w[cells] = new
-        self.S += float(new.sum()) - old_sum
-        if not 1e-100 < self.S < 1e100:
-            self.renormalise()
-
-
-def _interval_rows(W: sp.csr_matrix):
-    """``(lo, hi)`` with row r = 1 on cells ``lo[r]:hi[r]`` and 0 elsewhere, else None."""
-    nnz = np.diff(W.indptr)
-    if W.nnz == 0 or not np.all(W.data == 1):
-        return None
-    lo = np.zeros(W.shape[0], dtype=np.int64)
-    hi = np.zeros(W.shape[0], dtype=np.int64)
-    rows = nnz > 0
-    lo[rows] = W.indices[W.indptr[:-1][rows]]
-    hi[rows] = W.indices[W.indptr[1:][rows] - 1] + 1
-    if not np.array_equal(hi - lo, nnz):
-        return None
-    return lo, hi
 
 
 def _smooth_round_robin(weights: np.ndarray):
@@ -356,8 +265,8 @@ def run_mwem(blocks, epsilon, oracle: MeasureOracle,
     if eps <= 0:
         raise PrivacyParameterError(f"MWEM's epsilon must be > 0, got {epsilon!r}")
     blocks = list(blocks)
-    if not blocks or not all(isinstance(b, Block) for b in blocks):
-        raise StrategyError("run_mwem needs a nonempty list of Block values")
+    if not blocks or not all(isinstance(b, (Block, RangeBlock)) for b in blocks):
+        raise StrategyError("run_mwem needs a nonempty list of Block (or RangeBlock) values")
     if not any(b.n_queries for b in blocks):
         raise StrategyError("MWEM was given no queries: every block's W has zero rows")
 
@@ -380,7 +289,7 @@ def run_mwem(blocks, epsilon, oracle: MeasureOracle,
         total = opts.total
         notes.append("N is the declared public total")
 
-    states = [_BlockState(b, opts.cuboids) for b in blocks]
+    states = [make_state(b, opts.cuboids) for b in blocks]
     active = [g for g, b in enumerate(blocks) if b.n_queries > 0]
 
     # Initial distribution: uniform, or a noisy histogram mixed with uniform.
@@ -410,23 +319,17 @@ def run_mwem(blocks, epsilon, oracle: MeasureOracle,
         nonlocal round_no
         g = next(schedule)
         state = states[g]
-        ids, cands = state.candidates()
-        est_all = state.estimates(total)
-        estimates = GroupValues(est_all[cands.row_index], cands.offsets)
         half = e / 2
-        k = spender.select(g, cands, estimates, state.penalties[ids], half)
-        start, stop = int(cands.starts[k]), int(cands.stops[k])
-        rows = state.W[start:stop]
+        start, stop, rows, est = state.select(spender, g, half, total)
         noisy, scale = spender.measure("round", g, rows, e - half)
         round_no += 1
         measurements.append(MWEMMeasurement("round", g, (start, stop), noisy, scale,
                                             round_no))
-        state.measured[ids[k]] = True
         state.rounds += 1
         size = stop - start
-        discrepancy = float(np.abs(noisy - est_all[start:stop]).sum())
+        discrepancy = float(np.abs(noisy - est).sum())
         informative = discrepancy > scale * (size + SIGNAL_SDS * math.sqrt(size))
-        meas = _Measured(rows, noisy)
+        meas = Measured(rows, noisy)
         state.history.append(meas)
         state.update(meas, total)
         state.renormalise()
@@ -484,7 +387,7 @@ def run_mwem(blocks, epsilon, oracle: MeasureOracle,
         p = state.sum_p / round_no if opts.iterate == "average" else state.p
         A = total * p
         distributions.append(A)
-        answers.append(np.asarray(state.W @ A, dtype=float).reshape(-1))
+        answers.append(state.answers(A))
     return MWEMResult(
         distributions=tuple(distributions),
         answers=tuple(answers),

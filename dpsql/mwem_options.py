@@ -1,6 +1,7 @@
 """MWEM's inputs, options and results (Hardt, Ligett & McSherry; see :mod:`dpsql.mwem`).
 
-Frozen, validated values: a :class:`Block` of the (factored) workload, the practical variants
+Frozen, validated values: a :class:`Block` of the (factored) workload (or the implicit
+:class:`RangeBlock` of every range over one column), the practical variants
 in :class:`MWEMOptions`, and what a run returns (:class:`MWEMResult`). Public only.
 """
 
@@ -71,6 +72,41 @@ class Block:
     @property
     def n_queries(self) -> int:
         return self.W.shape[0]
+
+
+#: largest implicit range block: its answers (n(n+1)/2 floats) must fit in memory
+MAX_RANGE_CELLS = 8192
+
+
+@dataclass(frozen=True)
+class RangeBlock:
+    """The implicit block of *every* range query over one ordered column of ``n_cells``.
+
+    Query ``r`` is the range ``[lo, hi]`` of cells (inclusive, ``0 <= lo <= hi < n``), by
+    ``lo`` then ``hi`` (:func:`dpsql.mwem_groups.interval_index`): ``n(n+1)/2`` queries,
+    never listed — estimates and the selection use prefix sums, so a round costs
+    ``O(n log n)``, not ``O(n²)``. Only the public cell count is stored; it needs an oracle
+    with ``select_interval`` (:class:`dpsql.mwem.MeasureOracle`). MWEM's answers for the
+    block are all ``n(n+1)/2`` ranges, in that order.
+    """
+
+    n_cells: int
+
+    def __post_init__(self) -> None:
+        n = self.n_cells
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) \
+                or not 1 <= n <= MAX_RANGE_CELLS:
+            raise StrategyError(f"RangeBlock.n_cells must be an integer in [1, "
+                                f"{MAX_RANGE_CELLS}], got {n!r}")
+        object.__setattr__(self, "n_cells", int(n))
+
+    @property
+    def n_queries(self) -> int:
+        return self.n_cells * (self.n_cells + 1) // 2
+
+    @property
+    def groups(self) -> tuple:
+        return ()
 
 
 def _share(value, name: str) -> Fraction:
@@ -150,7 +186,8 @@ class MWEMMeasurement:
 
     kind: str            # "total", "init" or "round"
     block: int
-    rows: tuple          # (start, stop) rows of the block's W; None for total / init
+    rows: tuple          # (start, stop) rows of the block's W (a RangeBlock: (r, r + 1),
+                         # r = interval_index(n, lo, hi)); None for total / init
     noisy: np.ndarray
     scale: float         # Laplace scale b
     round: int | None = None
