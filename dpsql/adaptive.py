@@ -1,4 +1,5 @@
-"""Requests for the mechanisms beyond the matrix mechanism: MWEM and d_X Laplace.
+"""Requests for the mechanisms beyond the matrix mechanism: MWEM, and the metric (d_X)
+mechanisms: d_X Laplace, d_X MWEM and d_X SmallDB (:mod:`dpsql.dx_mechanisms`).
 
 Public inputs only (the session charges and the kernel runs the algorithm). A request names
 ``mwem`` or ``mwem(option=value, ...)``; options (Hardt, Ligett & McSherry's practical
@@ -10,7 +11,9 @@ variants, see :mod:`dpsql.mwem`):
 count when the policy does not declare ``rows`` public).
 
 MWEM's error depends on the data, so explain gives no expected RMSE: it states the paper's
-worst-case bound (Theorem 2.3) instead.
+worst-case bound (Theorem 2.3) instead. The same holds for ``dx_mwem(...)`` (the same options
+but ``total_share``: the row count must be declared public) and ``dx_smalldb(size=m)``, whose
+explanations give Kamalaruban et al.'s bounds with the score Lipschitz constant of the metric.
 """
 
 from __future__ import annotations
@@ -174,3 +177,175 @@ def explain_dx(policy, workload, eps) -> tuple[Explanation, object]:
                        tuple((o.query.index, o.start, o.stop) for o in workload.outputs),
                        mechanism="dx_laplace")
     return expl, plan
+
+
+# ---------------------------------------------------------- d_X: MWEM and SmallDB requests
+
+#: the metric model's strategies and their options
+DX_STRATEGIES = {
+    "dx_laplace": "no options",
+    "dx_mwem": "mwem's options except total_share: rounds, iterate, replay, init_share, "
+               "cuboids",
+    "dx_smalldb": "size = records in the synthetic database (integer >= 1)",
+}
+
+
+class _PublicRows:
+    """Stands for a table with a declared row count when options are checked early."""
+
+    rows = 1
+    table = "?"
+
+
+def dx_strategy(strategy) -> str:
+    """The metric strategy's name (``auto`` counts as ``dx_laplace``), or a refusal."""
+    allowed = ("metric (d_X) releases use strategy 'auto' or 'dx_laplace' (d_X Laplace), "
+               "'dx_mwem(...)' (d_X MWEM) or 'dx_smalldb(size=m)' (d_X SmallDB, tiny "
+               "domains)")
+    if not isinstance(strategy, str):
+        raise StrategyError(f"{allowed}; got {strategy!r}")
+    try:
+        name, items = parse(strategy)
+    except StrategyError as exc:
+        raise StrategyError(f"{allowed}; {exc}") from None
+    name = "dx_laplace" if name == "auto" else name
+    if name not in DX_STRATEGIES:
+        raise StrategyError(f"{allowed}; got {strategy!r}")
+    if name == "dx_laplace" and items:
+        raise StrategyError(f"{strategy.strip()!r}: dx_laplace and auto take no options")
+    return name
+
+
+def check_dx_spec(strategy) -> str:
+    """Validate a metric strategy and its options without a policy (interfaces call this
+    on SET); returns the spec, stripped. Raises :class:`StrategyError`."""
+    name = dx_strategy(strategy)
+    if name == "dx_mwem":
+        dx_mwem_options(strategy, _PublicRows)
+    elif name == "dx_smalldb":
+        smalldb_size(strategy)
+    return strategy.strip()
+
+
+def _need_rows(policy, name: str) -> None:
+    if policy.rows is None:
+        raise PolicyError(
+            f"{name} releases a synthetic distribution scaled to the table's row count; "
+            f"declare it public (rows = ... in table {policy.table!r}'s policy: under the "
+            "metric model the row count never changes between neighbours), or use dx_laplace")
+
+
+def dx_mwem_options(spec: str, policy) -> MWEMOptions:
+    """MWEM options of a ``dx_mwem(...)`` spec; N is the policy's public ``rows``."""
+    for key, _, _ in parse(spec)[1]:
+        if key not in OPTIONS or key == "total_share":
+            raise StrategyError(f"dx_mwem has no option {key!r}; allowed: "
+                                f"{DX_STRATEGIES['dx_mwem']} (N is the declared row count)")
+    _need_rows(policy, "dx_mwem")
+    return mwem_options(spec, policy)
+
+
+def smalldb_size(spec: str) -> int:
+    items = parse(spec)[1]
+    keys = [k for k, _, _ in items]
+    if keys != ["size"]:
+        raise StrategyError(f"dx_smalldb takes exactly one option, size = the number of "
+                            f"records of the synthetic database, e.g. dx_smalldb(size=20); "
+                            f"got {spec.strip()!r}")
+    kind, text = items[0][1], items[0][2]
+    if kind != "number" or not text.isdigit() or int(text) < 1:
+        raise StrategyError(f"dx_smalldb option 'size' needs an integer >= 1, got {text!r}")
+    return int(text)
+
+
+def _need_metric(policy) -> None:
+    if policy.metric is None:
+        raise PolicyError(f"table {policy.table!r} declares no metric model; add a "
+                          f"[tables.{policy.table}.metric] section to its policy for metric "
+                          "(d_X) releases")
+
+
+def _metric_graph(policy, workload):
+    from .metric import cell_distance_graph
+
+    _need_metric(policy)
+    return cell_distance_graph(policy.metric, workload.partitions, policy)
+
+
+def _constant_batch(name: str):
+    return StrategyError(f"{name}: every query counts the same on every cell (e.g. only total "
+                         "counts), so under metric privacy there is nothing to select; use "
+                         "dx_laplace with the row count declared public")
+
+
+def _data_dependent(strategy, eps, mechanism, n_queries, n_cells, statements, table,
+                    note, lipschitz) -> Explanation:
+    cand = Candidate(strategy, math.nan, lipschitz, math.nan, np.zeros(0), note=note,
+                     mechanism=mechanism)
+    return Explanation(table, float(eps), 0.0, strategy, math.nan, math.nan,
+                       np.full(n_queries, math.nan), n_queries, n_cells, (cand,),
+                       tuple(sorted(statements)), mechanism=mechanism)
+
+
+def dx_mwem_plan(policy, queries, eps, strategy: str):
+    """``(explanation, options, compiled blocks, MWEM blocks, cell graphs)`` of a d_X MWEM
+    request (Kamalaruban et al., Algorithm 2). Public only."""
+    from .dx_mechanisms import PairDifferences, dx_mwem_error_bound
+
+    _need_metric(policy)
+    options = dx_mwem_options(strategy, policy)
+    compiled, blocks = blocks_for(queries, policy)
+    if not all(isinstance(b, Block) for b in blocks):     # the metric oracle's candidates
+        raise StrategyError("internal error: d_X MWEM needs explicit candidate rows (Block)")
+    graphs = [_metric_graph(policy, w) for w, _ in compiled]
+    c = 0.0
+    for block, graph in zip(blocks, graphs):
+        if block.n_queries == 0:
+            continue
+        diffs = PairDifferences(block.W, graph)
+        c = max(c, float(diffs.rows().max(initial=0.0)))
+        if options.cuboids and block.groups:
+            c = max(c, float(diffs.groups(*zip(*block.groups)).max(initial=0.0)))
+    if not c > 0:
+        raise _constant_batch("dx_mwem")
+    n_queries = sum(w.n_queries for w, _ in compiled)
+    sizes = [w.n_cells for w, _ in compiled]
+    rounds = options.rounds if isinstance(options.rounds, int) else 10
+    eps_rounds = Fraction(eps) * (1 - options.init_share)
+    bound = dx_mwem_error_bound(policy.rows, sizes, max(1, n_queries), rounds, eps_rounds, c)
+    t_text = (f"T = {rounds}" if isinstance(options.rounds, int)
+              else "T = 10 shown; rounds=auto picks T by doubling")
+    note = (f"data-dependent error: no expected RMSE. Paper bound (Kamalaruban et al. Thm 5 = "
+            f"Hardt et al. Thm 2.3 at ε/c; plain algorithm, {t_text}): max error <= "
+            f"{bound:.4g} with probability >= 95%; score Lipschitz constant c = {c:.4g} per "
+            f"unit distance (c = 1: standard change-one DP)")
+    statements = [(o.query.index, o.start, o.stop) for w, _ in compiled for o in w.outputs]
+    expl = _data_dependent(strategy, eps, "dx_mwem", n_queries,
+                           int(np.prod(sizes, dtype=float)), statements, policy.table, note, c)
+    return expl, options, compiled, blocks, graphs
+
+
+def dx_smalldb_plan(policy, workload, eps, strategy: str):
+    """``(explanation, size, cell graph)`` of a d_X SmallDB request (Kamalaruban et al.
+    §3.2): refused above :data:`dpsql.dx_mechanisms.MAX_SMALLDB_CANDIDATES` candidates."""
+    from .dx_mechanisms import PairDifferences, check_smalldb, smalldb_error_bound
+
+    graph = _metric_graph(policy, workload)
+    size = smalldb_size(strategy)
+    _need_rows(policy, "dx_smalldb")
+    count = check_smalldb(workload.n_cells, size)
+    W = workload.W
+    if W.nnz and not np.all(W.data == np.round(W.data)):
+        raise StrategyError("dx_smalldb supports counting queries (integer weights) only")
+    c = float(PairDifferences(W, graph).rows().max(initial=0.0))
+    if not c > 0:
+        raise _constant_batch("dx_smalldb")
+    bound = smalldb_error_bound(policy.rows, workload.n_queries, size, count, eps, c)
+    note = (f"data-dependent error: no expected RMSE. Bound (Kamalaruban et al. Prop. 4 / "
+            f"Thm 2; {count:,} candidate databases of {size} records): max error <= "
+            f"{bound:.4g} with probability >= 95%; score Lipschitz constant c = {c:.4g} per "
+            "unit distance")
+    statements = [(o.query.index, o.start, o.stop) for o in workload.outputs]
+    expl = _data_dependent(strategy, eps, "dx_smalldb", workload.n_queries, workload.n_cells,
+                           statements, policy.table, note, c)
+    return expl, size, graph

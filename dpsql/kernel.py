@@ -150,6 +150,34 @@ class Kernel:
             oracle.close()
         return release_id, names, result, self.private
 
+    def release_adaptive_metric(self, con, policy, blocks, graphs,
+                                epsilon_per_unit: Fraction, request: ledger.Charge, algorithm):
+        """:meth:`Kernel.release_adaptive` for metric (d_X) algorithms: d_X MWEM and SmallDB.
+
+        ``request`` must charge exactly ``epsilon_per_unit`` to the table's metric budget
+        (``request.metric_epsilon``); the charge is committed before any data is read, so a
+        refused charge costs nothing and an aborted run refunds nothing. ``graphs`` is each
+        block's public cell metric (:func:`dpsql.metric.cell_distance_graph`). The algorithm gets
+        a :class:`MetricMeasureOracle`, which refuses to spend past ``epsilon_per_unit``; by
+        composition of d_X privacy (Kamalaruban et al., Fact 1: losses per pair add up) the run
+        is d_X-private at ``epsilon_per_unit``. Returns ``(release_id, names, result, private)``.
+        """
+        eps = Fraction(epsilon_per_unit)
+        if request.metric_epsilon is None or Fraction(request.metric_epsilon) != eps \
+                or request.cost.epsilon != 0 or request.cost.delta != 0:
+            raise StrategyError("internal error: a metric release charges exactly its ε per unit "
+                                "distance to the metric budget, and nothing else")
+        if len(graphs) != len(blocks):
+            raise StrategyError("internal error: one cell metric per block is needed")
+        release_id, names = ledger.charge(con, policy, request)   # committed here
+        xs = [_data_vector(con, policy, workload) for workload in blocks]
+        oracle = MetricMeasureOracle(xs, graphs, self.sampler, eps)
+        try:
+            result = algorithm(oracle)
+        finally:
+            oracle.close()
+        return release_id, names, result, self.private
+
 
 def _data_vector(con, policy, workload) -> np.ndarray:
     """The cell counts of a compiled workload (called only after the charge is committed)."""
@@ -255,3 +283,127 @@ class MeasureOracle:
         y, _ = self._sampler.laplace(np.asarray(R @ x, dtype=float), b,
                                      sensitivity=sensitivity, epsilon=eps)
         return np.asarray(y, dtype=float), b
+
+
+# --------------------------------------------------------------------- metric (d_X) oracle
+
+class MetricMeasureOracle(MeasureOracle):
+    """The measure callback of d_X algorithms (same interface as :class:`MeasureOracle`).
+
+    ``epsilon`` arguments are ε per unit of the record distance, spent from the charged
+    metric budget (exact sums, overspending refused before anything is computed). Each
+    block ``g`` has its cell metric ``d_g`` (the record metric restricted to the block's
+    columns: ``d_g(u, v) ≤ d(u, v)``, the record distance being a sum over columns), so a step
+    that is d_X-private at ``ε_i`` w.r.t. ``d_g`` is also at ``ε_i`` w.r.t. ``d``.
+
+    - :meth:`select`: the d_X exponential mechanism (:func:`dpsql.dx_mechanisms.dx_exponential`)
+      over candidate groups, score ``Σ_r |estimate_r − answer_r| − penalty``: moving one
+      record ``i → j`` moves it by at most ``Σ_r |W[r,i] − W[r,j]|``, so the Lipschitz
+      constant is the max over candidate groups and cell pairs of that over ``d(i, j)``,
+      recomputed here from the rows and the metric, never taken from the caller.
+    - :meth:`measure`: d_X Laplace, one scale for all rows: ``b = c_R / ε_i`` (rounded up by
+      :func:`dpsql.laplace.laplace_scale`), ``c_R = max_pairs Σ_r |R[r,i] − R[r,j]| / d``;
+      the values ``R x`` are on the sampler's lattice, so the loss is ``‖R(x − x')‖₁ / b ≤
+      ε_i·d(i, j)`` (Kamalaruban et al., Proposition 1).
+    - :meth:`select_synthetic`: SmallDB's selection over candidate histograms.
+
+    When no candidate (or measured row) depends on the cells (``c = 0``: they count the same
+    on every cell, so under change-one neighbours their answers never change) any scale is
+    private; the oracle then uses ``1 / d_min`` so that MWEM's bookkeeping stays finite.
+    """
+
+    def __init__(self, xs, graphs, sampler, epsilon: Fraction):
+        from .dx_mechanisms import metric_pairs
+
+        super().__init__(xs, sampler, epsilon)
+        if len(graphs) != len(self._xs):
+            raise StrategyError("internal error: one cell metric per block is needed")
+        self._pairs = [metric_pairs(g) for g in graphs]
+        self._diffs: dict = {}
+
+    def close(self) -> None:
+        super().close()
+        self._diffs = {}
+
+    def _differences(self, block: int, W):
+        from .dx_mechanisms import PairDifferences
+
+        key = (int(block), id(W))
+        if key not in self._diffs:
+            self._diffs[key] = (W, PairDifferences(self._checked(self._x(block), W),
+                                                   self._pairs[int(block)]))
+        return self._diffs[key][1]
+
+    def _positive(self, block: int, c: float) -> float:
+        if c > 0:
+            return float(c)
+        d = self._pairs[int(block)][2]
+        return 1.0 / float(d.min()) if d.size else 1.0
+
+    def select(self, block: int, groups, estimates, penalties, epsilon) -> int:
+        from .dx_mechanisms import dx_exponential
+
+        if not isinstance(groups, CandidateGroups) or len(groups) == 0:
+            raise StrategyError("internal error: select needs non-empty CandidateGroups")
+        penalties = np.asarray(penalties, dtype=float).reshape(-1)
+        values = (estimates.values if isinstance(estimates, GroupValues) else
+                  np.concatenate([np.asarray(e, dtype=float).reshape(-1) for e in estimates]))
+        if penalties.size != len(groups) or values.size != groups.row_index.size \
+                or not np.all(np.isfinite(values)) or not np.all(np.isfinite(penalties)):
+            raise StrategyError("internal error: select needs finite estimates for every "
+                                "candidate row and one penalty per group")
+        answers = self._answers(block, groups.W)[groups.row_index]
+        c = self._differences(block, groups.W).groups(groups.starts, groups.stops).max()
+        c = self._positive(block, c)
+        eps = self._spend(epsilon)
+        diff = np.abs(values - answers)
+        scores = np.add.reduceat(diff, groups.offsets[:-1]) - penalties
+        return dx_exponential(scores, eps, c, sampler=self._sampler)
+
+    def measure(self, block: int, rows, epsilon) -> tuple[np.ndarray, float]:
+        from .dx_mechanisms import PairDifferences
+        from .laplace import laplace_scale
+
+        x = self._x(block)
+        R = self._checked(x, rows)
+        if R.shape[0] == 0:
+            raise StrategyError("internal error: nothing to measure")
+        c = self._positive(block, PairDifferences(R, self._pairs[int(block)]).total())
+        eps = self._spend(epsilon)
+        b = laplace_scale(eps, c, R.shape[0])
+        y, _ = self._sampler.laplace(np.asarray(R @ x, dtype=float), b, sensitivity=c,
+                                     epsilon=eps)
+        return np.asarray(y, dtype=float), b
+
+    def select_interval(self, *args, **kwargs):
+        """Not available under d_X: the standard oracle's all-ranges selection assumes
+        sensitivity 1 per record, not the metric's constant. Refused, never inherited."""
+        raise StrategyError("internal error: d_X MWEM selects among explicit candidate rows "
+                            "(Block), not all ranges (RangeBlock)")
+
+    def select_synthetic(self, block: int, W, candidates, size: int, total: int,
+                         epsilon) -> int:
+        """SmallDB: index of the candidate histogram (a row of ``candidates``, ``size``
+        records each) chosen by the d_X exponential mechanism with score
+        ``−max_k |W_k x − (total/size)·W_k y|`` (:func:`dpsql.dx_mechanisms.smalldb_scores`,
+        exact in units of ``1/size``; the Lipschitz constant ``max_pairs max_k |W[k,i] −
+        W[k,j]| / d`` is scaled by ``size`` to match)."""
+        from .dx_mechanisms import dx_exponential, smalldb_scores
+
+        x = self._x(block)
+        Wc = self._checked(x, W)
+        Y = sp.csr_matrix(candidates, dtype=float)
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1 \
+                or isinstance(total, bool) or not isinstance(total, int) or total < 0:
+            raise StrategyError("internal error: SmallDB needs integer size >= 1, total >= 0")
+        sums = np.asarray(Y.sum(axis=1)).reshape(-1)
+        if Y.shape[0] == 0 or Y.shape[1] != x.size or (Y.data < 0).any() \
+                or not np.all(sums == size):
+            raise StrategyError(f"internal error: SmallDB candidates must be histograms of "
+                                f"{size} records over the block's {x.size} cells")
+        diffs = self._differences(block, W)
+        c = self._positive(block, float(diffs.rows().max(initial=0.0)))
+        sensitivity = math.nextafter(c * size, math.inf)
+        eps = self._spend(epsilon)
+        scores = smalldb_scores(Wc, x, Y, size, total)
+        return dx_exponential(scores, eps, sensitivity, sampler=self._sampler)

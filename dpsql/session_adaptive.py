@@ -1,6 +1,6 @@
 """The release paths other than the matrix mechanism: MWEM (data-dependent, pure ε-DP) and
-metric (d_X) releases. Mixed into :class:`dpsql.session.Session`, whose parsing, target
-checks and result writing they share."""
+metric (d_X) releases (d_X Laplace, d_X MWEM, d_X SmallDB). Mixed into
+:class:`dpsql.session.Session`, whose parsing, target checks and result writing they share."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 
 from . import adaptive, ledger
 from .accounting import PrivacyCost
-from .errors import PrivacyParameterError, StrategyError
+from .errors import PrivacyParameterError
 from .mwem import run_mwem
 from .release_support import InterruptedAfterRelease, _interrupts_deferred, _request_params
 from .results import Release
@@ -77,15 +77,27 @@ class AdaptivePaths:
             if dlt != 0:
                 raise PrivacyParameterError(
                     "metric (d_X) releases are pure: ask with delta = 0")
-            if strategy not in ("auto", "dx_laplace"):
-                raise StrategyError(f"metric (d_X) releases use the d_X Laplace mechanism; "
-                                    f"strategy must be 'auto' or 'dx_laplace', got "
-                                    f"{strategy!r}")
+            adaptive.check_dx_spec(strategy)     # a d_X strategy with valid options
         return model
+
+    def _explain_metric(self, policies, sql, eps, strategy):
+        """The explanation of a metric (d_X) request, for every d_X strategy (public only)."""
+        name = adaptive.dx_strategy(strategy)
+        if name == "dx_mwem":
+            policy, queries = self._parse(sql, policies)
+            return adaptive.dx_mwem_plan(policy, queries, eps, strategy)[0]
+        policy, queries, workload = self._compile(sql, policies)
+        if name == "dx_smalldb":
+            return adaptive.dx_smalldb_plan(policy, workload, eps, strategy)[0]
+        return adaptive.explain_dx(policy, workload, eps)[0]
 
     def _answer_dx(self, con, policies, sql, text, eps, replace, name, strategy, done):
         """A metric (d_X) release: per-query Laplace scales from the public program, charged
-        to the table's metric budget (ε per unit distance), answers with exact errors."""
+        to the table's metric budget (ε per unit distance), answers with exact errors.
+        ``dx_mwem(...)`` and ``dx_smalldb(...)`` go to :meth:`_answer_dx_synthetic`."""
+        if adaptive.dx_strategy(strategy) != "dx_laplace":
+            return self._answer_dx_synthetic(con, policies, sql, text, eps, replace, name,
+                                             strategy, done)
         policy, queries, workload = self._compile(sql, policies)
         names_given = self._check_targets(con, queries, policies, replace)
         expl, plan = adaptive.explain_dx(policy, workload, eps)
@@ -107,6 +119,59 @@ class AdaptivePaths:
             done.append(Release(m.release_id, policy.table, list(m.result_tables), float(eps),
                                 0.0, "dx_laplace", math.nan, plan.expected_rmse, results,
                                 m.private, name=name))
+        if interrupted:
+            raise InterruptedAfterRelease(done[0])
+        return done[0]
+
+    def _answer_dx_synthetic(self, con, policies, sql, text, eps, replace, name, strategy,
+                             done):
+        """d_X MWEM or d_X SmallDB: plan (public), charge the full ε per unit distance to the
+        metric budget, run against the kernel's metric oracle, write the synthetic answers
+        (no standard errors: data-dependent)."""
+        kind = adaptive.dx_strategy(strategy)
+        if kind == "dx_mwem":
+            policy, queries = self._parse(sql, policies)
+            expl, options, compiled, blocks, graphs = adaptive.dx_mwem_plan(
+                policy, queries, eps, strategy)
+            workloads = [w for w, _ in compiled]
+
+            def algorithm(oracle):
+                return run_mwem(blocks, Fraction(eps), oracle, options).answers
+        else:
+            policy, queries, workload = self._compile(sql, policies)
+            expl, size, graph = adaptive.dx_smalldb_plan(policy, workload, eps, strategy)
+            workloads, graphs = [workload], [graph]
+
+            def algorithm(oracle):
+                from .dx_mechanisms import smalldb_candidates
+
+                Y = smalldb_candidates(workload.n_cells, size)
+                k = oracle.select_synthetic(0, workload.W, Y, size, policy.rows, Fraction(eps))
+                synthetic = np.asarray(Y[k].todense(), dtype=float).reshape(-1)
+                return [np.asarray(workload.W @ synthetic).reshape(-1) * policy.rows / size]
+        names_given = self._check_targets(con, queries, policies, replace)
+        metric_eps = Fraction(eps)
+        ledger.check_metric(con, policy, metric_eps)    # refuse early; charge() re-checks
+        request = ledger.Charge(
+            table=policy.table, cost=PrivacyCost(0, 0), mechanism=kind, strategy=strategy,
+            calibration=None, sigma=None, sensitivity=expl.candidates[0].sensitivity, rho=None,
+            n_queries=expl.n_queries, n_cells=sum(w.n_cells for w in workloads),
+            expected_rmse=None, sql_text=text, bound_ratio=None,
+            result_tables=self._result_names(con, queries, names_given),
+            private=self.kernel.private, release_name=name, metric_epsilon=metric_eps,
+            request=json.dumps(_request_params(eps, 0, strategy, "analytic", "metric")))
+        with _interrupts_deferred() as interrupted:
+            release_id, tables, answers, private = self.kernel.release_adaptive_metric(
+                con, policy, workloads, graphs, metric_eps, request, algorithm)
+            parts = []
+            for workload, block_answers in zip(workloads, answers):
+                blank = np.full(len(block_answers), math.nan)
+                parts.extend((out, np.asarray(block_answers, dtype=float), blank, blank)
+                             for out in workload.outputs)
+            parts.sort(key=lambda part: part[0].query.index)
+            results = self._write(con, release_id, tables, policy, parts, replace)
+            done.append(Release(release_id, policy.table, list(tables), float(eps), 0.0,
+                                strategy, math.nan, math.nan, results, private, name=name))
         if interrupted:
             raise InterruptedAfterRelease(done[0])
         return done[0]

@@ -11,7 +11,9 @@ PKG = ROOT / "dpsql"
 #: modules that must stay public-only: no engine, no kernel, no session, no duckdb
 PUBLIC_ONLY = ["dpsql.domain", "dpsql.policy", "dpsql.accounting", "dpsql.inference",
                "dpsql.sql.parse", "dpsql.sql.compile", "dpsql.sql.script", "dpsql.strategies",
-               "dpsql.workloads", "dpsql.metric", "dpsql.dx", "dpsql.mwem", "dpsql.mwem_groups", "dpsql.laplace", "dpsql.intervals"]
+               "dpsql.workloads", "dpsql.metric", "dpsql.dx", "dpsql.dx_mechanisms",
+               "dpsql.mwem", "dpsql.mwem_groups", "dpsql.mwem_options", "dpsql.mwem_state",
+               "dpsql.laplace", "dpsql.intervals"]
 FORBIDDEN = {"dpsql.engine", "dpsql.kernel", "dpsql.session", "dpsql.ledger", "duckdb"}
 
 
