@@ -138,6 +138,16 @@ def engine_errors(what: str) -> Iterator[None]:
 # --------------------------------------------------------------------------- catalog
 
 
+def relation_names(con, schema: str = "main") -> set[str]:
+    """Lower-cased names of every table and view in ``schema`` (one catalog read)."""
+    with engine_errors("reading the catalog"):
+        rows = con.execute(
+            "SELECT lower(table_name) FROM duckdb_tables() WHERE schema_name = ? UNION ALL "
+            "SELECT lower(view_name) FROM duckdb_views() WHERE schema_name = ?",
+            [schema, schema]).fetchall()
+    return {r[0] for r in rows}
+
+
 def table_exists(con, name: str, schema: str = "main") -> bool:
     with engine_errors("reading the catalog"):
         row = con.execute(

@@ -12,6 +12,10 @@ Three paths, chosen by the plan:
   ``x̂ = (AᵀA)⁻¹ Aᵀ y`` and the factors are the squared row norms of ``W R⁻ᵀ``;
 - otherwise one thin SVD ``A = U S Vᵀ``: ``x̂ = V S⁻¹ Uᵀ y``, factors from ``W V S⁻¹``,
   with a check that ``W`` lies in the row space of ``A``.
+
+The factorisation is computed once per solver. A solver may instead be given a stored
+Cholesky factor (the selection cache keeps the chosen plan's): it is then read only when
+the solver is first used, and checked (:func:`valid_factor`) before it is trusted.
 """
 
 from __future__ import annotations
@@ -37,10 +41,43 @@ def _dense(A) -> np.ndarray:
 class LeastSquares:
     """The least-squares solver of one plan, with its factorisation computed once."""
 
-    def __init__(self, plan: Plan):
+    def __init__(self, plan: Plan, factor=None, key: str | None = None):
+        """``factor``: optional callable returning a stored ``(L, lower)`` Cholesky factor of
+        ``AᵀA`` (or None); then nothing is factorised until the solver is first used, and
+        the stored factor is used only if :func:`valid_factor` accepts it. ``key``: the
+        plan's name in the strategy cache, when it has one (caches derived from the plan
+        use it)."""
         self.plan = plan
+        self.key = key
         self._svd = None
         self._chol = None
+        self._factor = factor
+        self._ready = factor is None
+        if factor is None:
+            self._factorise()
+
+    def _ensure(self) -> None:
+        if self._ready:
+            return
+        try:
+            loaded = self._factor()
+        except Exception:           # an unreadable cache entry is recomputed, never fatal
+            loaded = None
+        if loaded is not None and valid_factor(self.plan, loaded[0], loaded[1]):
+            self._chol = loaded
+        else:
+            self._factorise()
+        self._ready = True
+        self._factor = None
+
+    @property
+    def cholesky(self):
+        """``(c, lower)`` of the Cholesky path, or None (identity or SVD path)."""
+        self._ensure()
+        return self._chol
+
+    def _factorise(self) -> None:
+        plan = self.plan
         if plan.A is None:
             return
         p, n = plan.A.shape
@@ -68,6 +105,7 @@ class LeastSquares:
 
     def _check_support(self, W) -> None:
         """Every query must be estimable: its row lies in the row space of A."""
+        self._ensure()
         if self._svd is None:
             return
         _, _, Vt = self._svd
@@ -81,6 +119,7 @@ class LeastSquares:
 
     def error_factors(self, W) -> np.ndarray:
         """Diagonal of ``W (AᵀA)⁺ Wᵀ``: per-answer variance divided by σ²."""
+        self._ensure()
         if self.plan.A is None:
             Ws = sp.csr_matrix(W)
             return np.asarray(Ws.multiply(Ws).sum(axis=1), dtype=float).reshape(-1)
@@ -96,6 +135,7 @@ class LeastSquares:
 
     def total_error_factor(self, V: np.ndarray) -> float:
         """``tr(V (AᵀA)⁺)``: the workload's total squared error divided by σ² (from V alone)."""
+        self._ensure()
         if self.plan.A is None:
             return float(np.trace(V))
         if self._chol is not None:
@@ -106,6 +146,7 @@ class LeastSquares:
 
     def coefficients(self, W) -> np.ndarray:
         """``W A⁺`` (dense, rows of W by measurements): each answer's weights on ``y``."""
+        self._ensure()
         if self.plan.A is None:
             return _dense(W)
         if self._chol is not None:
@@ -117,6 +158,7 @@ class LeastSquares:
 
     def answers(self, W, y: np.ndarray) -> np.ndarray:
         """``W x̂`` with ``x̂ = A⁺ y``."""
+        self._ensure()
         if self.plan.A is None:
             return np.asarray(W @ y, dtype=float).reshape(-1)
         if self._chol is not None:
@@ -126,6 +168,26 @@ class LeastSquares:
         U, s, Vt = self._svd
         x_hat = Vt.T @ ((U.T @ y) / s)
         return np.asarray(W @ x_hat, dtype=float).reshape(-1)
+
+
+def valid_factor(plan: Plan, c, lower) -> bool:
+    """Whether ``c`` (a stored Cholesky factor) factorises ``AᵀA`` of ``plan``: the right
+    shape, finite, a well-conditioned diagonal (the test the factorisation itself applies)
+    and a probe: ``L Lᵀ v`` equals ``Aᵀ (A v)`` to 1e-8 for a fixed positive ``v``."""
+    if plan.A is None or lower is not True or not isinstance(c, np.ndarray):
+        return False
+    p, n = plan.A.shape
+    if c.shape != (n, n) or p < n or n > MAX_DENSE_CELLS or not np.all(np.isfinite(c)):
+        return False
+    d = np.abs(np.diag(c))
+    if n == 0 or not d.min() > 1e-7 * d.max():
+        return False
+    v = 1.5 + np.cos(np.arange(n) * 0.7)
+    L = np.tril(c)
+    lhs = L @ (L.T @ v)
+    rhs = np.asarray(plan.A.T @ np.asarray(plan.A @ v).reshape(-1)).reshape(-1)
+    scale = float(np.linalg.norm(rhs))
+    return scale > 0 and float(np.linalg.norm(lhs - rhs)) <= 1e-8 * scale
 
 
 def consistent(plan, W, y, answers, nonnegative: bool, integer: bool):

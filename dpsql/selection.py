@@ -5,6 +5,12 @@ For a compiled workload and a privacy request this module builds each candidate'
 exact per-answer standard errors by least squares, and picks the smallest expected RMSE. It
 never reads data and never touches the budget: ``explain`` is this module's output.
 
+The work splits in two: :func:`evaluate` (plan, least squares, error factors per unit noise
+variance) and the singular value bound do not depend on ε, δ or the calibration and are
+stored in the selection cache (:mod:`dpsql.selection_cache`); :func:`price` (noise scale,
+standard errors, RMSE) is redone for every request, by the same arithmetic, so a cache hit
+gives the same numbers bit for bit.
+
 Two noise families. With δ = 0 only Laplace applies; with δ > 0, ``auto`` compares the best
 of both and picks the smaller expected RMSE (a Laplace choice spends ε and no δ); a strategy
 named explicitly with δ > 0 means Gaussian noise.
@@ -25,20 +31,24 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 from fractions import Fraction
 
 import numpy as np
 
-from . import strategy_cache
+from . import selection_cache, strategy_cache
 from .errors import StrategyError
 from .inference import LeastSquares
 from .noise import calibrate_with_rounding
-from .results import Candidate, Explanation
+from .results import Z95, Candidate, Explanation
+from .selection_cache import Evaluation
 from .sql.compile import Workload
 from .strategies import AUTO_CANDIDATES, REGISTRY, WorkloadInfo, bounds, spec
 
 #: auto skips a strategy whose estimated selection time exceeds this many seconds
 AUTO_TIME_LIMIT = 30.0
+#: the chosen plan's Cholesky factor (8 n² bytes) is stored for n up to this
+MAX_STORED_FACTOR = 4096
 
 
 def registry(family: str) -> tuple[dict, tuple]:
@@ -131,6 +141,12 @@ _NO_POLICY = _NoPolicy()
 
 def plan_for(con, name: str, strategy, workload: Workload, family: str = "gaussian"):
     """(plan, seconds, cached): the strategy's plan, from the cache when it is costly."""
+    plan, seconds, cached, _ = _plan_for(con, name, strategy, workload, family)
+    return plan, seconds, cached
+
+
+def _plan_for(con, name: str, strategy, workload: Workload, family: str):
+    """:func:`plan_for` and the plan's key in the strategy cache (None when not cached)."""
     info = workload_info(workload)
     started = time.perf_counter()
     key = None
@@ -138,33 +154,56 @@ def plan_for(con, name: str, strategy, workload: Workload, family: str = "gaussi
         key = strategy_cache.fingerprint(name, strategy, info, family)
         plan = strategy_cache.load(con, key)
         if plan is not None:
-            return plan, time.perf_counter() - started, True
+            return plan, time.perf_counter() - started, True, key
     plan = strategy.plan(info)
     seconds = time.perf_counter() - started
     if key is not None:
         strategy_cache.store(con, key, plan, seconds)
-    return plan, seconds, False
+    return plan, seconds, False, key
 
 
-def candidate(con, family: str, name: str, strategy, workload: Workload, eps, dlt,
-              calibration: str, bound: float) -> Candidate:
-    plan, seconds, cached = plan_for(con, name, strategy, workload, family)
-    factors = LeastSquares(plan).error_factors(workload.W)
-    scale, variance = noise_scale(family, plan, eps, dlt, calibration)
-    stderr = np.sqrt(variance * np.maximum(factors, 0.0))
+def evaluate(con, family: str, name: str, strategy, workload: Workload, auto: bool,
+             w_hash: str | None = None) -> Evaluation:
+    """One candidate's plan and error factors: everything about it that does not depend on
+    ε, δ or the calibration (``auto``: skip it over the time limit, and record a strategy
+    that does not apply instead of raising). ``w_hash`` (:func:`workload_hash` of ``W``)
+    names a cheap strategy's plan for the strategy cache."""
+    estimate = getattr(strategy, "estimated_seconds", None)
+    seconds = estimate(workload_info(workload)) if estimate is not None else 0.0
+    if auto and seconds > AUTO_TIME_LIMIT:
+        return Evaluation(family, name, status="skipped",
+                          note=f"skipped by auto: estimated {seconds:.0f} s to select, over "
+                               f"the {AUTO_TIME_LIMIT:.0f} s limit (ask for it by name)")
+    try:
+        plan, seconds, cached, key = _plan_for(con, name, strategy, workload, family)
+        solver = LeastSquares(plan)
+        factors = solver.error_factors(workload.W)
+    except StrategyError as exc:
+        if not auto:
+            raise
+        return Evaluation(family, name, note=str(exc), status="error")
+    if key is None and plan.A is not None and w_hash is not None:
+        key = strategy_cache.rows_fingerprint(name, strategy, w_hash, workload.shape, family)
+    return Evaluation(family, name, factors, plan, seconds=seconds, cached=cached,
+                      plan_key=key, solver=solver)
+
+
+def price(e: Evaluation, eps, dlt, calibration: str, bound: float) -> Candidate:
+    """A candidate at this ε, δ and calibration: its noise scale and standard errors."""
+    if e.factors is None:
+        return Candidate(e.name, math.nan, math.nan, math.nan, np.zeros(0), note=e.note,
+                         mechanism=e.family)
+    scale, variance = noise_scale(e.family, e.plan, eps, dlt, calibration)
+    stderr = np.sqrt(variance * np.maximum(e.factors, 0.0))
     rmse = float(np.sqrt(np.mean(stderr ** 2))) if len(stderr) else 0.0
-    sensitivity = plan.l1_sensitivity if family == "laplace" else plan.sensitivity
-    return Candidate(name, scale, sensitivity, rmse, stderr, seconds=seconds,
-                     bound_ratio=rmse / bound if bound > 0 else math.nan, cached=cached,
-                     plan=plan, mechanism=family)
+    sensitivity = e.plan.l1_sensitivity if e.family == "laplace" else e.plan.sensitivity
+    return Candidate(e.name, scale, sensitivity, rmse, stderr, seconds=e.seconds,
+                     bound_ratio=rmse / bound if bound > 0 else math.nan, cached=e.cached,
+                     plan=e.plan, mechanism=e.family)
 
 
-def select(con, policy, workload: Workload, eps, dlt, strategy: str,
-           calibration: str, objective: str = "rmse") -> Explanation:
-    """Every candidate's expected error and the best one (no data, no budget).
-
-    ``objective``: ``rmse`` (the workload's RMSE, default) or ``max_stderr`` (the largest
-    standard error of any answer) is what ``auto`` minimises."""
+def requested(policy, dlt, strategy: str) -> list[tuple]:
+    """``(family, name, strategy object)`` of every candidate a request compares."""
     family = family_of(dlt)
     known, auto = registry(family)
     if strategy == "auto":
@@ -175,40 +214,142 @@ def select(con, policy, workload: Workload, eps, dlt, strategy: str,
         elif family == "gaussian":    # Laplace (pure ε, no δ spent) competes too
             l1, l1_auto = registry("laplace")
             names += [("laplace", n, l1[n]) for n in l1_auto]
-    else:
-        names = [(family, *resolve(strategy, family))]
-    total = svdb(workload_info(workload))
-    bounds_by = {f: bound_rmse(f, eps, dlt, calibration, total, workload.n_queries)
-                 for f in {f for f, _, _ in names}}
-    candidates = []
-    for family, name, obj in names:
-        bound = bounds_by[family]
-        estimate = getattr(obj, "estimated_seconds", None)
-        seconds = estimate(workload_info(workload)) if estimate is not None else 0.0
-        if strategy == "auto" and seconds > AUTO_TIME_LIMIT:
-            candidates.append(Candidate(
-                name, math.nan, math.nan, math.nan, np.zeros(0), mechanism=family,
-                note=f"skipped by auto: estimated {seconds:.0f} s to select, over the "
-                     f"{AUTO_TIME_LIMIT:.0f} s limit (ask for it by name)"))
-            continue
-        try:
-            candidates.append(candidate(con, family, name, obj, workload, eps, dlt,
-                                        calibration, bound))
-        except StrategyError as exc:
-            if strategy != "auto":
-                raise
-            candidates.append(Candidate(name, math.nan, math.nan, math.nan, np.zeros(0),
-                                        note=str(exc), mechanism=family))
-    usable = [c for c in candidates if np.isfinite(c.rmse)]
-    if not usable:
-        raise StrategyError("no strategy can answer this batch: "
-                            + "; ".join(c.note for c in candidates))
-    best = min(usable, key=lambda c: _metric(c.stderr, objective))
+        return names
+    return [(family, *resolve(strategy, family))]
+
+
+def select(con, policy, workload: Workload, eps, dlt, strategy: str,
+           calibration: str, objective: str = "rmse") -> Explanation:
+    """Every candidate's expected error and the best one (no data, no budget).
+
+    ``objective``: ``rmse`` (the workload's RMSE, default) or ``max_stderr`` (the largest
+    standard error of any answer) is what ``auto`` minimises. The ε-free part of the work
+    (:func:`evaluate`, the singular value bound) comes from the selection cache when this
+    workload was seen with the same candidates (:mod:`dpsql.selection_cache`); the chosen
+    candidate then carries its real plan, re-read and re-verified, and a solver whose
+    factorisation is read (or computed) only when it is used."""
+    names = requested(policy, dlt, strategy)
+    auto = strategy == "auto"
+    for fresh in (False, True):
+        started = time.perf_counter()
+        total, evals, hit, where = _evaluations(con, workload, names, auto, fresh)
+        bounds_by = {f: bound_rmse(f, eps, dlt, calibration, total, workload.n_queries)
+                     for f in {f for f, _, _ in names}}
+        candidates = [price(e, eps, dlt, calibration, bounds_by[e.family]) for e in evals]
+        usable = [i for i, c in enumerate(candidates) if np.isfinite(c.rmse)]
+        if not usable:
+            raise StrategyError("no strategy can answer this batch: "
+                                + "; ".join(c.note for c in candidates))
+        i = min(usable, key=lambda k: _metric(candidates[k].stderr, objective))
+        if hit:
+            chosen = _materialise(con, evals[i], names[i][2], workload)
+            if chosen is None:
+                continue                 # an entry that does not fit its plans: recompute
+            candidates[i] = replace(candidates[i], plan=chosen[0], solver=chosen[1],
+                                    seconds=time.perf_counter() - started)
+        else:
+            candidates[i] = replace(candidates[i], solver=evals[i].solver)
+            _remember(con, where, workload, total, evals, i)
+        break
+    best = candidates[i]
     return Explanation(policy.table, float(eps), float(dlt), best.strategy, best.sigma,
                        best.rmse, best.stderr, workload.n_queries, workload.n_cells,
                        tuple(candidates),
                        tuple((o.query.index, o.start, o.stop) for o in workload.outputs),
                        bound_rmse=bounds_by[best.mechanism], mechanism=best.mechanism)
+
+
+def _evaluations(con, workload: Workload, names, auto: bool, fresh: bool):
+    """(svdb, evaluations, from the cache?, (entry key, W hash)) for ``names``."""
+    where = None
+    if con is not None:
+        w_hash = selection_cache.cached_hash(workload)
+        where = (selection_cache.key(w_hash, workload.shape, names, auto, AUTO_TIME_LIMIT),
+                 w_hash)
+        found = None if fresh else selection_cache.load(con, *where, workload, names)
+        if found is not None:
+            return found[0], found[1], True, where
+    total = svdb(workload_info(workload))
+    evals = [evaluate(con, f, n, obj, workload, auto, where and where[1])
+             for f, n, obj in names]
+    return total, evals, False, where
+
+
+def _materialise(con, e: Evaluation, strategy, workload: Workload):
+    """(plan, solver) of a candidate from the selection cache, or None when its matrix does
+    not have the numbers the entry recorded (the entry is then recomputed)."""
+    found = strategy_cache.load_entry(con, e.plan_key) if e.plan_key is not None else None
+    if found is None:    # the identity, or a matrix no longer stored: plan it again
+        plan = strategy.plan(workload_info(workload))
+        digest = None
+        if e.plan_key is not None and plan.A is not None:
+            digest = strategy_cache.store(con, e.plan_key, plan, 0.0)
+    else:
+        plan, digest = found
+    if not selection_cache.same_numbers(plan, e.plan) or \
+            (plan.A is None) != (e.plan_key is None):
+        return None
+    if plan.A is None:
+        return plan, LeastSquares(plan)
+    key = solver_key(e.plan_key, digest)
+    return plan, LeastSquares(plan, factor=selection_cache.factor_loader(con, key, plan.n),
+                              key=key)
+
+
+def solver_key(plan_key: str, digest: str) -> str:
+    """The name of a plan's exact matrix: its strategy-cache key and the matrix digest."""
+    return f"{plan_key}:{digest}"
+
+
+def _remember(con, where, workload: Workload, total: float, evals, chosen: int) -> None:
+    """Store a fresh selection: the entry, the chosen plan's matrix (the costly strategies'
+    are stored already) and its Cholesky factor; name the chosen solver's matrix."""
+    if con is None:
+        return
+    e = evals[chosen]
+    if e.plan_key is not None:
+        if strategy_cache.has(con, e.plan_key):
+            digest = strategy_cache.digest(e.plan)
+        else:
+            digest = strategy_cache.store(con, e.plan_key, e.plan, e.seconds)
+        e.solver.key = solver_key(e.plan_key, digest)
+        factor = e.solver.cholesky
+        if (factor is not None and e.plan.n <= MAX_STORED_FACTOR
+                and not selection_cache.has_factor(con, e.solver.key)):
+            selection_cache.store_factor(con, e.solver.key, factor[0])
+    selection_cache.store(con, *where, workload, total, evals)
+
+
+def interval_halfwidths(con, expl: Explanation, solver: LeastSquares,
+                        workload: Workload) -> np.ndarray:
+    """Half-widths of the 95% intervals of the answers (public: no data).
+
+    Gaussian noise: the answers' errors are Gaussian, so ``z_0.975 · stderr``. Laplace noise:
+    each answer's error is ``Σ_k c_k L_k`` with ``c`` its row of ``W A⁺`` and ``L_k`` iid
+    Laplace(b); :func:`dpsql.intervals.laplace_interval_halfwidth` bounds its 95% quantile.
+    Since ``L_k = b · Laplace(1)``, the half-width is ``b`` times the one at ``b = 1``,
+    which depends on ``W`` and the plan only: it is computed once per (plan, workload) and
+    kept in the selection cache (``con``), so a repeated release does not redo it.
+    """
+    if expl.mechanism != "laplace":
+        return Z95 * expl.stderr
+    W = workload.W
+    units, name = None, None
+    if con is not None and solver.key is not None:
+        name = selection_cache.halfwidth_key(solver.key, selection_cache.cached_hash(workload),
+                                             Z95)
+        units = selection_cache.load_units(con, name, W.shape[0])
+    if units is None:
+        from .intervals import laplace_interval_halfwidth
+
+        units = np.empty(W.shape[0])
+        step = max(1, int(4e7 // max(1, solver.plan.n_measurements)))  # ≤ 320 MB per chunk
+        for start in range(0, W.shape[0], step):
+            C = solver.coefficients(W[start:start + step])
+            units[start:start + step] = laplace_interval_halfwidth(C, 1.0)
+        if name is not None:
+            selection_cache.store_units(con, name, units)
+    return units * float(expl.sigma)
 
 
 def _metric(stderr: np.ndarray, objective: str) -> float:

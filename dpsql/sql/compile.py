@@ -12,11 +12,17 @@ Pure function of (queries, policy): nothing here reads data (DESIGN.md, step 2).
    (first used column varies slowest). Unused columns are summed out.
 4. Each query, and each group of a GROUP BY, is one row of ``W`` (scipy CSR): 1 on the cells
    its predicate selects (three-valued logic: only TRUE selects), 0 elsewhere.
+
+A compiled :class:`Workload` is immutable: ``W`` is in canonical CSR form with read-only
+arrays, and keys are tuples, so one compiled batch can be shared (:mod:`dpsql.sql.memo`)
+and named by the exact bytes of ``W`` (:func:`workload_hash`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,8 +57,8 @@ class Output:
     stop: int                  # one past the last row
     key_columns: tuple         # output names of the key columns
     key_sources: tuple         # source columns of the key columns
-    keys: list                 # per row: tuple of key values (None when rolled up or NULL)
-    grouping_ids: list | None  # per row, when the statement has several grouping sets
+    keys: tuple                # per row: tuple of key values (None when rolled up or NULL)
+    grouping_ids: tuple | None  # per row, when the statement has several grouping sets
 
 
 @dataclass(frozen=True)
@@ -208,6 +214,7 @@ def compile_workload(queries: list[Query], policy) -> Workload:
         unit_to_part = rank[inverse.reshape(-1)].astype(np.int64)
         part_units = tuple(tuple(np.flatnonzero(unit_to_part == p).tolist())
                            for p in range(len(order)))
+        unit_to_part.flags.writeable = False
         partitions.append(ColumnPartition(c, unit_to_part, len(order), part_units))
     shape = tuple(p.n_parts for p in partitions)
     n = int(np.prod(shape, dtype=np.int64)) if shape else 1
@@ -289,7 +296,7 @@ def compile_workload(queries: list[Query], policy) -> Workload:
                 gids.append(gid)
             m += n_groups
         outputs.append(Output(q, start, m, tuple(o for _, o in q.key_columns), key_sources,
-                              keys, gids if len(q.grouping_sets) > 1 else None))
+                              tuple(keys), tuple(gids) if len(q.grouping_sets) > 1 else None))
     rows = np.concatenate(rows_idx) if rows_idx else np.zeros(0, dtype=np.int64)
     cols = np.concatenate(cols_idx) if cols_idx else np.zeros(0, dtype=np.int64)
     if len(rows) > MAX_NONZEROS:
@@ -297,7 +304,26 @@ def compile_workload(queries: list[Query], policy) -> Workload:
             f"this batch's workload has {len(rows):,} non-zeros, more than the limit of "
             f"{MAX_NONZEROS:,}; split the batch")
     W = sp.csr_matrix((np.ones(len(rows)), (rows, cols)), shape=(m, n))
+    W.sum_duplicates()                       # canonical form (a no-op from COO)
+    for a in (W.data, W.indices, W.indptr):
+        a.flags.writeable = False
     return Workload(policy.table, tuple(partitions), W, tuple(outputs))
+
+
+def workload_hash(W) -> str:
+    """SHA-256 of the exact bytes of a workload in canonical CSR form (shape, row pointers
+    and column indices as int64, values as float64): the name of ``W`` in the caches."""
+    M = sp.csr_matrix(W)
+    if not M.has_canonical_format:
+        M = M.copy()
+        M.sum_duplicates()
+    h = hashlib.sha256()
+    h.update(json.dumps(["csr", int(M.shape[0]), int(M.shape[1])]).encode())
+    for part in (M.indptr.astype(np.int64, copy=False), M.indices.astype(np.int64, copy=False),
+                 M.data.astype(np.float64, copy=False)):
+        h.update(np.ascontiguousarray(part).tobytes())
+        h.update(b"|")
+    return h.hexdigest()
 
 
 def _product(lists):
