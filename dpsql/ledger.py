@@ -67,11 +67,13 @@ SCHEMA_SQL = [
         bound_ratio DOUBLE,
         metric_epsilon DOUBLE,
         metric_epsilon_exact VARCHAR,
-        request VARCHAR)""",
+        request VARCHAR,
+        reused_from VARCHAR)""",
     # ledgers written by earlier versions
     "ALTER TABLE dpsql.ledger ADD COLUMN IF NOT EXISTS metric_epsilon DOUBLE",
     "ALTER TABLE dpsql.ledger ADD COLUMN IF NOT EXISTS metric_epsilon_exact VARCHAR",
     "ALTER TABLE dpsql.ledger ADD COLUMN IF NOT EXISTS request VARCHAR",
+    "ALTER TABLE dpsql.ledger ADD COLUMN IF NOT EXISTS reused_from VARCHAR",
     """CREATE TABLE IF NOT EXISTS dpsql.release_tables (
         release_id BIGINT NOT NULL,
         statement_index INTEGER NOT NULL,
@@ -83,7 +85,7 @@ SCHEMA_SQL = [
 LEDGER_COLUMNS = (
     "release_id, created_at, table_name, epsilon, delta, mechanism, strategy, calibration, "
     "sigma, sensitivity, n_queries, n_cells, expected_rmse, sql_text, result_tables, private, "
-    "status, release_name, bound_ratio, metric_epsilon, request"
+    "status, release_name, bound_ratio, metric_epsilon, request, reused_from"
 )
 
 
@@ -205,6 +207,7 @@ class Charge:
     bound_ratio: float | None = None  # expected RMSE / singular value bound RMSE
     metric_epsilon: Fraction | None = None  # d_X releases: ε per unit distance charged
     request: str | None = None        # the request's parameters as asked (JSON), for replays
+    reused_from: str | None = None    # past releases whose measurements the answers combine
 
 
 def charge(con, policy: TablePolicy, request: Charge) -> tuple[int, list[str]]:
@@ -234,9 +237,9 @@ def charge(con, policy: TablePolicy, request: Charge) -> tuple[int, list[str]]:
                 "INSERT INTO dpsql.ledger (release_id, table_name, epsilon, delta, epsilon_exact,"
                 " delta_exact, rho, mechanism, strategy, calibration, sigma, sensitivity, "
                 "n_queries, n_cells, expected_rmse, sql_text, result_tables, private, status, "
-                "release_name, bound_ratio, metric_epsilon, metric_epsilon_exact, request) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'charged', ?, ?, "
-                "?, ?, ?)",
+                "release_name, bound_ratio, metric_epsilon, metric_epsilon_exact, request, "
+                "reused_from) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
+                "'charged', ?, ?, ?, ?, ?, ?)",
                 [next_id, policy.table, float(request.cost.epsilon), float(request.cost.delta),
                  fraction_to_text(request.cost.epsilon), fraction_to_text(request.cost.delta),
                  request.rho, request.mechanism, request.strategy, request.calibration,
@@ -245,7 +248,8 @@ def charge(con, policy: TablePolicy, request: Charge) -> tuple[int, list[str]]:
                  request.private, request.release_name, request.bound_ratio,
                  None if request.metric_epsilon is None else float(request.metric_epsilon),
                  None if request.metric_epsilon is None
-                 else fraction_to_text(request.metric_epsilon), request.request])
+                 else fraction_to_text(request.metric_epsilon), request.request,
+                 request.reused_from])
             con.execute("COMMIT")
         return int(next_id), names
     except BaseException:

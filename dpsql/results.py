@@ -6,7 +6,7 @@ column), ``grouping_id`` when the statement has several grouping sets (bit i set
 i-th key column is rolled up, as DuckDB's ``GROUPING()``), then the noisy ``count``, its exact
 ``stderr`` and the 95% interval ``ci_low``/``ci_high`` (Gaussian noise: normal, the answers
 are linear in the noise; Laplace noise: a bound on the quantile of the Laplace sum, see
-:func:`dpsql.session.interval_halfwidths`). ``dpsql.release_tables`` links every table to its ledger entry.
+:func:`dpsql.selection.interval_halfwidths`). ``dpsql.release_tables`` links every table to its ledger entry.
 """
 
 from __future__ import annotations
@@ -38,6 +38,9 @@ class Candidate:
     cached: bool = False             # loaded from the strategy cache
     plan: object = field(default=None, repr=False, compare=False)
     mechanism: str = "gaussian"      # noise family: gaussian (sigma) or laplace (scale b)
+    #: the plan's least-squares solver (chosen candidate only; its factorisation is read
+    #: from the selection cache, or computed, when first used)
+    solver: object = field(default=None, repr=False, compare=False)
 
     @property
     def gap(self) -> float:
@@ -65,7 +68,9 @@ class Explanation:
     candidates: tuple                # every strategy considered (Candidate)
     statements: tuple = ()           # (statement index, first row, stop row)
     bound_rmse: float = math.nan     # RMSE of the singular value bound (no strategy beats it)
-    mechanism: str = "gaussian"      # noise family of the chosen strategy
+    mechanism: str = "gaussian"      # noise family of the chosen strategy ("reuse": none)
+    free: tuple = ()                 # rows of W answered from past releases at no cost
+    reused_from: tuple = ()          # the release ids whose measurements are combined
 
     @property
     def bound_ratio(self) -> float:
@@ -76,16 +81,18 @@ class Explanation:
                              "delta spent) competes under auto",
                  "laplace": "noise: Laplace (pure epsilon-DP), scale b",
                  "mwem": "MWEM (pure epsilon-DP, data-dependent)",
-                 "dx_laplace": "d_X Laplace (metric privacy; epsilon per unit distance)"}
+                 "dx_laplace": "d_X Laplace (metric privacy; epsilon per unit distance)",
+                 "reuse": "no new noise: every answer comes from past releases"}
         bound = (f"; lower bound (svdb) RMSE {self.bound_rmse:.4g}"
                  if math.isfinite(self.bound_rmse) else "")
         lines = [
             f"table {self.table}: {self.n_queries} queries over {self.n_cells} cells; "
             f"epsilon={self.epsilon:g}, delta={self.delta:g}; "
             f"{noise.get(self.mechanism, self.mechanism)}{bound}",
-            f"{'strategy':<12} {'noise':<8} {'scale':>10} {'sensitivity':>11} "
-            f"{'expected RMSE':>14} {'x bound':>8} {'seconds':>8}",
         ]
+        if self.candidates:
+            lines.append(f"{'strategy':<12} {'noise':<8} {'scale':>10} {'sensitivity':>11} "
+                         f"{'expected RMSE':>14} {'x bound':>8} {'seconds':>8}")
         for c in self.candidates:
             mark = (" <- chosen" if c.strategy == self.strategy
                     and c.mechanism == self.mechanism else "")
@@ -99,7 +106,29 @@ class Explanation:
             else:
                 lines.append(f"{c.strategy:<12} {noise:<8} {'-':>10} {'-':>11} {'n/a':>14} "
                              f"{'-':>8} {c.seconds:>8.2f}  {c.note}")
+        if self.reused_from:
+            lines.append(self._reuse_summary())
         return "\n".join(lines)
+
+    def _reuse_summary(self) -> str:
+        """Which answers are free (from past releases) and which are measured now."""
+        free = set(self.free)
+        ids = ", ".join(str(r) for r in self.reused_from)
+        head = (f"reuse: {len(free)} of {self.n_queries} answers come from past releases "
+                f"({ids}) at no privacy cost; ")
+        head += ("nothing is measured, nothing is charged" if len(free) == self.n_queries
+                 else f"{self.n_queries - len(free)} are measured now (the candidates above "
+                      "are for those), and every answer combines old and new measurements "
+                      "by generalised least squares")
+        rows = []
+        for index, start, stop in self.statements:
+            for k in range(start, stop):
+                kind = "free" if k in free else "new"
+                rows.append(f"  statement {index + 1} row {k - start + 1}: {kind}, "
+                            f"stderr {self.stderr[k]:.4g}")
+        if len(rows) > 20:
+            rows = rows[:20] + [f"  ... ({len(rows) - 20} more rows)"]
+        return "\n".join([head] + rows)
 
 
 @dataclass(frozen=True)

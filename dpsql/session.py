@@ -8,20 +8,22 @@ strategy, budget fit) before the kernel reads a single row, so a bad request cha
 from __future__ import annotations
 
 import json
+import math
+from fractions import Fraction
 from typing import Sequence
 
-import numpy as np
 
 from . import adaptive, engine, ledger, selection
-from .accounting import PrivacyCost, validate_delta, validate_epsilon
+from . import reuse as reuse_mod
+from .accounting import PrivacyCost, fraction_from_text, validate_delta, validate_epsilon
 from .errors import (DpsqlError, PolicyError, PrivacyParameterError, StrategyError,
                      UnsupportedQueryError)
 from .inference import LeastSquares, consistent
 from .kernel import Kernel
 from .noise import rounding_slack, zcdp_rho
 from .policy import TablePolicy, load_policy
-from .results import Z95, Explanation, Release, ResultTable, build_columns
-from .sql.compile import Workload, compile_workload
+from .results import Explanation, Release, ResultTable, build_columns
+from .sql.compile import Workload
 from .sql.parse import parse_batch
 from .release_support import (InterruptedAfterRelease, _completed_on_interrupt, _flags,
                               _interrupts_deferred, _request_params, request_matches)
@@ -33,9 +35,13 @@ CALIBRATIONS = ("analytic", "classic")
 class Session(AdaptivePaths):
     """A dpsql connection to one DuckDB database. Create it with :func:`dpsql.connect`."""
 
-    def __init__(self, path: str = ":memory:", *, lock_timeout: float = 30.0, sampler=None):
+    def __init__(self, path: str = ":memory:", *, lock_timeout: float = 30.0, sampler=None,
+                 reuse: bool = True):
+        """``reuse``: the default of :meth:`answer`'s and :meth:`explain`'s ``reuse``."""
+        _check_flags(reuse=reuse)
         self.db = engine.Database(path, lock_timeout=lock_timeout)
         self.kernel = Kernel(sampler)
+        self.reuse = reuse
 
     # ------------------------------------------------------------------ data owner
     def protect(self, table: str, policy, *, replace: bool = False) -> TablePolicy:
@@ -62,36 +68,41 @@ class Session(AdaptivePaths):
 
     def explain(self, sql: str | Sequence[str], *, epsilon=None, delta, strategy: str = "auto",
                 calibration: str = "analytic", model: str = "dp", target_rmse=None,
-                max_stderr=None) -> Explanation:
+                max_stderr=None, reuse: bool | None = None) -> Explanation:
         """Expected accuracy of a request: reads no data, spends nothing.
+
+        With ``reuse`` (the session's default unless given) the explanation says which answers come free from past
+        releases and what every answer's error is once old and new measurements combine.
 
         Accuracy first: give ``target_rmse`` (the batch's expected RMSE) or ``max_stderr``
         (every answer's standard error) instead of ``epsilon``, and the explanation is for
         the smallest ε (at this δ, three significant digits) that meets it."""
+        reuse = self.reuse if reuse is None else reuse
+        _check_flags(reuse=reuse)
         objective = self._objective(epsilon, target_rmse, max_stderr, model, strategy)
         if objective is not None:
             eps, dlt = self._privacy(1, delta, calibration)
             with self.db.connect() as con:
                 policy, queries, workload = self._compile(sql, ledger.load_policies(con))
-                return selection.smallest_epsilon(con, policy, workload, dlt, strategy,
-                                                  calibration, objective[1], objective[0])[1]
+                return self._decide(con, policy, workload, None, dlt, strategy, calibration,
+                                    objective, reuse).expl
         eps, dlt = self._privacy(epsilon, delta, calibration)
         with self.db.connect() as con:
             policies = ledger.load_policies(con)
             if self._model(model, dlt, strategy) == "metric":
-                policy, queries, workload = self._compile(sql, policies)
-                return adaptive.explain_dx(policy, workload, eps)[0]
+                return self._explain_metric(policies, sql, eps, strategy)
             if adaptive.is_mwem(strategy):
                 policy, queries = self._parse(sql, policies)
                 return self._mwem_plan(policy, queries, eps, dlt, strategy)[0]
             policy, queries, workload = self._compile(sql, policies)
-            return selection.select(con, policy, workload, eps, dlt, strategy, calibration)
+            return self._decide(con, policy, workload, eps, dlt, strategy, calibration, None,
+                                reuse).expl
 
     def answer(self, sql: str | Sequence[str], *, epsilon=None, delta, strategy: str = "auto",
                calibration: str = "analytic", replace: bool = False,
                name: str | None = None, model: str = "dp", target_rmse=None,
                max_stderr=None, confirm: bool = False, nonnegative: bool = False,
-               integer: bool = False) -> Release:
+               integer: bool = False, reuse: bool | None = None) -> Release:
         """Release noisy answers to a batch, charging (epsilon, delta) to the table's budget.
 
         ``name`` makes the release idempotent: asking again under the same name with the same
@@ -111,30 +122,24 @@ class Session(AdaptivePaths):
         answers. The standard errors and intervals still describe the unconstrained
         estimate; the result tables' comments say so.
         """
-        for flag, value in (("nonnegative", nonnegative), ("integer", integer)):
-            if not isinstance(value, bool):
-                raise DpsqlError(f"{flag} must be True or False, got {value!r}")
+        reuse = self.reuse if reuse is None else reuse
+        _check_flags(nonnegative=nonnegative, integer=integer, reuse=reuse, confirm=confirm)
         objective = self._objective(epsilon, target_rmse, max_stderr, model, strategy)
-        if objective is not None:
-            expl = self.explain(sql, delta=delta, strategy=strategy, calibration=calibration,
-                                target_rmse=target_rmse, max_stderr=max_stderr)
-            if confirm is not True:
-                raise DpsqlError(
-                    f"an expected {objective[0].replace('_', ' ')} of {objective[1]:g} needs "
-                    f"epsilon = {expl.epsilon:g} (delta = {expl.delta:g}, strategy "
-                    f"{expl.strategy}); nothing was charged; pass confirm=True to spend it")
-            epsilon = expl.epsilon
-        eps, dlt = self._privacy(epsilon, delta, calibration)
+        eps, dlt = self._privacy(1 if objective else epsilon, delta, calibration)
         text = sql if isinstance(sql, str) else ";\n".join(sql)
         if name is not None and (not isinstance(name, str) or not name.strip()):
             raise DpsqlError("a release name must be a non-empty string")
+        flags = _flags(nonnegative, integer)   # reuse is not part of "the same request"
         done: list = []      # the Release, once built (a late Ctrl-C still reports it)
         with _completed_on_interrupt(done), self.db.connect() as con:
             if name is not None:
                 recorded = ledger.find_named(con, name)
-                if recorded is not None:
+                if recorded is not None and objective is None:
                     return self._recorded(con, recorded, text, eps, dlt, strategy,
-                                          calibration, model, _flags(nonnegative, integer))
+                                          calibration, model, flags)
+                if recorded is not None:
+                    return self._recorded_target(con, recorded, text, dlt, strategy,
+                                                 calibration, model, flags, objective)
             policies = ledger.load_policies(con)
             if self._model(model, dlt, strategy) == "metric":
                 return self._answer_dx(con, policies, sql, text, eps, replace, name, strategy,
@@ -144,47 +149,97 @@ class Session(AdaptivePaths):
                                          replace, name, done)
             policy, queries, workload = self._compile(sql, policies)
             names_given = self._check_targets(con, queries, policies, replace)
-            expl = selection.select(con, policy, workload, eps, dlt, strategy, calibration,
-                                    objective[0] if objective else "rmse")
-            best = next(c for c in expl.candidates if c.strategy == expl.strategy
-                        and c.mechanism == expl.mechanism)
-            chosen = best.plan
-            solver = LeastSquares(chosen)
-            halfwidth = interval_halfwidths(expl, solver, workload.W)
-            cost = PrivacyCost(eps, dlt if expl.mechanism == "gaussian" else 0)
-            rho = _rho(expl, eps, chosen)
-            ledger.check_fits(con, policy, cost, expl.mechanism, rho)
-
+            d = self._decide(con, policy, workload, None if objective else eps, dlt, strategy,
+                             calibration, objective, reuse)
+            if objective is not None:
+                eps = d.epsilon
+                if d.new is not None and confirm is not True:
+                    raise DpsqlError(
+                        f"an expected {objective[0].replace('_', ' ')} of {objective[1]:g} "
+                        f"needs epsilon = {float(eps):g} (delta = {float(dlt):g}, strategy "
+                        f"{d.expl.strategy}); nothing was charged; pass confirm=True to spend "
+                        "it")
             result_names = self._result_names(con, queries, names_given)
-
+            params = json.dumps(_request_params(eps, dlt, strategy, calibration, "dp") | flags)
+            if d.new is None:
+                return self._answer_free(con, policy, workload, d, text, result_names, params,
+                                         replace, name, nonnegative, integer, done)
+            expl, new = d.expl, d.new
+            best = next(c for c in new.candidates if c.strategy == new.strategy
+                        and c.mechanism == new.mechanism)
+            chosen = best.plan
+            solver = None
+            if d.pool is None:
+                solver = best.solver or LeastSquares(chosen)
+                halfwidth = selection.interval_halfwidths(con, expl, solver, workload)
+            else:
+                halfwidth = d.pool.halfwidths(workload.W, expl.stderr ** 2)
+            cost = PrivacyCost(eps, dlt if new.mechanism == "gaussian" else 0)
+            rho = _rho(new, eps, chosen)
+            ledger.check_fits(con, policy, cost, new.mechanism, rho)
             request = ledger.Charge(
-                table=policy.table, cost=cost, mechanism=expl.mechanism,
-                strategy=expl.strategy,
-                calibration=calibration if expl.mechanism == "gaussian" else None,
-                sigma=expl.sigma, sensitivity=best.sensitivity,
-                rho=rho,
-                n_queries=workload.n_queries,
-                n_cells=workload.n_cells, expected_rmse=expl.rmse, sql_text=text,
-                bound_ratio=expl.bound_ratio,
+                table=policy.table, cost=cost, mechanism=new.mechanism,
+                strategy=new.strategy,
+                calibration=calibration if new.mechanism == "gaussian" else None,
+                sigma=new.sigma, sensitivity=best.sensitivity, rho=rho,
+                n_queries=workload.n_queries, n_cells=workload.n_cells,
+                expected_rmse=expl.rmse, sql_text=text, bound_ratio=new.bound_ratio,
                 result_tables=result_names, private=self.kernel.private, release_name=name,
-                request=json.dumps(_request_params(eps, dlt, strategy, calibration, "dp")
-                                   | _flags(nonnegative, integer)))
+                request=params, reused_from=_sources(d))
             with _interrupts_deferred() as interrupted:
                 # from the charge to the committed result tables, Ctrl-C waits: a charged
                 # release is always completed, never left half-written
-                m = self.kernel.release(con, policy, workload, chosen, expl.sigma, request,
-                                        mechanism=expl.mechanism)
-                answers = solver.answers(workload.W, m.y)
-                comment = None
-                if nonnegative or integer:
-                    answers, comment = consistent(chosen, workload.W, m.y, answers,
-                                                  nonnegative, integer)
+                m = self.kernel.release(con, policy, workload, chosen, new.sigma, request,
+                                        mechanism=new.mechanism)
+                if d.pool is None:
+                    answers = solver.answers(workload.W, m.y)
+                else:
+                    d.pool.set_y(d.planned, m.y)
+                    answers = d.pool.answers(workload.W)
+                answers, comment = _post_process(d, chosen, workload.W, m.y, answers,
+                                                 nonnegative, integer)
                 parts = [(out, answers, expl.stderr, halfwidth) for out in workload.outputs]
+                record = reuse_mod.record_of(m.release_id, workload, chosen.A, m.y,
+                                             new.mechanism, new.sigma)
                 results = self._write(con, m.release_id, m.result_tables, policy, parts,
-                                      replace, comment)
+                                      replace, comment, record=record, private=m.private)
                 done.append(Release(m.release_id, policy.table, list(m.result_tables),
-                                    float(eps), float(cost.delta), expl.strategy, expl.sigma,
+                                    float(eps), float(cost.delta), expl.strategy, new.sigma,
                                     expl.rmse, results, m.private, name=name))
+        if interrupted:
+            raise InterruptedAfterRelease(done[0])
+        return done[0]
+
+    def _decide(self, con, policy, workload, eps, dlt, strategy, calibration, objective,
+                reuse: bool):
+        """How the batch is answered (:func:`dpsql.reuse.decide`; public inputs only)."""
+        records = reuse_mod.load(con, policy, self.kernel.private) if reuse else []
+        return reuse_mod.decide(con, policy, workload, records, eps, dlt, strategy,
+                                calibration, objective[0] if objective else "rmse",
+                                objective[1] if objective else None)
+
+    def _answer_free(self, con, policy, workload, d, text, result_names, params, replace,
+                     name, nonnegative, integer, done):
+        """Every answer comes from past releases: nothing is measured, nothing is spent; the
+        release is still recorded (at zero cost) and its tables written like any other."""
+        expl = d.expl
+        request = ledger.Charge(
+            table=policy.table, cost=PrivacyCost(0, 0), mechanism="reuse", strategy="reuse",
+            calibration=None, sigma=None, sensitivity=None, rho=0.0,
+            n_queries=workload.n_queries, n_cells=workload.n_cells, expected_rmse=expl.rmse,
+            sql_text=text, bound_ratio=None, result_tables=result_names,
+            private=self.kernel.private, release_name=name, request=params,
+            reused_from=_sources(d))
+        halfwidth = d.pool.halfwidths(workload.W, expl.stderr ** 2)
+        answers = d.pool.answers(workload.W)
+        answers, comment = _post_process(d, None, workload.W, None, answers, nonnegative,
+                                         integer)
+        with _interrupts_deferred() as interrupted:
+            release_id, tables = ledger.charge(con, policy, request)
+            parts = [(out, answers, expl.stderr, halfwidth) for out in workload.outputs]
+            results = self._write(con, release_id, tables, policy, parts, replace, comment)
+            done.append(Release(release_id, policy.table, list(tables), 0.0, 0.0, "reuse",
+                                math.nan, expl.rmse, results, self.kernel.private, name=name))
         if interrupted:
             raise InterruptedAfterRelease(done[0])
         return done[0]
@@ -266,6 +321,29 @@ class Session(AdaptivePaths):
                        entry["expected_rmse"], results, entry["private"], name=name,
                        reused=True)
 
+    def _recorded_target(self, con, entry: dict, text: str, dlt, strategy: str,
+                         calibration: str, model: str, flags: dict, objective) -> Release:
+        """A named accuracy-first release asked again: the same request at the ε recorded
+        then (the ε a target needs changes once past releases can be combined), returned
+        only if the recorded answers meet the target. Never new noise."""
+        request = json.loads(entry.get("request") or "{}")
+        eps = (fraction_from_text(request["epsilon"]) if "epsilon" in request
+               else Fraction(repr(entry["epsilon"])))
+        release = self._recorded(con, entry, text, eps, dlt, strategy, calibration, model,
+                                 flags)
+        if objective[0] == "rmse":
+            achieved = release.expected_rmse
+        else:
+            achieved = max((float(row[list(t.columns).index("stderr")]) for t in
+                            release.results for row in t.rows
+                            if "stderr" in t.columns), default=math.nan)
+        if not achieved <= objective[1] * (1 + 1e-9):
+            raise DpsqlError(
+                f"release name {entry['release_name']!r} is recorded with an expected "
+                f"{objective[0].replace('_', ' ')} of {achieved:g}, which does not meet "
+                f"{objective[1]:g}; choose another name to release again")
+        return release
+
     @staticmethod
     def _privacy(epsilon, delta, calibration):
         eps = validate_epsilon(epsilon)
@@ -294,13 +372,17 @@ class Session(AdaptivePaths):
                     f"table {name!r} is not a protected table (protected: {known})", line, col)
             return policies[name]
 
-        queries = parse_batch(sql, resolve)
+        from .sql import memo     # parsed batches are remembered (public inputs only)
+
+        queries = memo.parsed(memo.batch_key(sql, policies), lambda: parse_batch(sql, resolve))
         return policies[queries[0].table], queries
 
     @classmethod
     def _compile(cls, sql, policies) -> tuple[TablePolicy, list, Workload]:
+        from .sql import memo     # compiled batches are remembered (immutable workloads)
+
         policy, queries = cls._parse(sql, policies)
-        return policy, queries, compile_workload(queries, policy)
+        return policy, queries, memo.compiled(memo.batch_key(sql, policies), queries, policy)
 
     @staticmethod
     def _check_targets(con, queries, policies, replace: bool) -> set:
@@ -331,12 +413,13 @@ class Session(AdaptivePaths):
         """Names of the result tables, as a function of the new release id."""
         def result_names(release_id: int) -> list[str]:
             out = []
+            taken = engine.relation_names(con) | {n.lower() for n in names_given}
             for q in queries:
                 if q.target is not None:
                     out.append(q.target)
                     continue
                 name, k = f"dp_r{release_id}_q{q.index + 1}", 1
-                while engine.table_exists(con, name) or name in names_given:
+                while name.lower() in taken:
                     k += 1
                     name = f"dp_r{release_id}_q{q.index + 1}_{k}"
                 out.append(name)
@@ -362,7 +445,7 @@ class Session(AdaptivePaths):
         return given[0]
 
     def _write(self, con, release_id, names, policy, parts, replace,
-               comment: str | None = None) -> list:
+               comment: str | None = None, record=None, private: bool = False) -> list:
         """Write each statement's result table and mark the release done, in one transaction.
 
         ``parts``: per statement in order, ``(output, answers, stderr, halfwidth)`` with the
@@ -380,6 +463,8 @@ class Session(AdaptivePaths):
                 results.append(ResultTable(name, tuple(c for c, _, _ in cols), rows))
                 recorded.append((out.query.index, name, out.query.sql, len(rows)))
             ledger.mark_released(con, release_id, recorded)
+            if record is not None:     # kept for later batches to reuse (public: released)
+                reuse_mod.store(con, policy, record, private)
             with engine.engine_errors("writing results"):
                 con.execute("COMMIT")
         except BaseException:
@@ -391,23 +476,33 @@ class Session(AdaptivePaths):
         return results
 
 
-def interval_halfwidths(expl: Explanation, solver: LeastSquares, W) -> np.ndarray:
-    """Half-widths of the 95% intervals of the answers (public: no data).
+def _check_flags(**flags) -> None:
+    for flag, value in flags.items():
+        if not isinstance(value, bool):
+            raise DpsqlError(f"{flag} must be True or False, got {value!r}")
 
-    Gaussian noise: the answers' errors are Gaussian, so ``z_0.975 · stderr``. Laplace noise:
-    each answer's error is ``Σ_k c_k L_k`` with ``c`` its row of ``W A⁺`` and ``L_k`` iid
-    Laplace(b); :func:`dpsql.intervals.laplace_interval_halfwidth` bounds its 95% quantile.
-    """
-    if expl.mechanism != "laplace":
-        return Z95 * expl.stderr
-    from .intervals import laplace_interval_halfwidth
 
-    out = np.empty(W.shape[0])
-    step = max(1, int(4e7 // max(1, solver.plan.n_measurements)))  # ≤ 320 MB per chunk
-    for start in range(0, W.shape[0], step):
-        C = solver.coefficients(W[start:start + step])
-        out[start:start + step] = laplace_interval_halfwidth(C, expl.sigma)
-    return out
+def _sources(d) -> str | None:
+    """The past releases a decision combines, as recorded in the ledger."""
+    return ",".join(str(r) for r in d.pool.release_ids) if d.pool is not None else None
+
+
+def _post_process(d, plan, W, y, answers, nonnegative: bool, integer: bool):
+    """Consistency post-processing (:func:`dpsql.inference.consistent`): over the plan's
+    measurements, or over every combined measurement when past releases are reused."""
+    if not (nonnegative or integer):
+        return answers, None
+    if d.pool is not None:
+        A, ys, Wr = d.pool.stacked(W)
+        return consistent(_Stacked(A), Wr, ys, answers, nonnegative, integer)
+    return consistent(plan, W, y, answers, nonnegative, integer)
+
+
+class _Stacked:
+    """The weighted stack of every combined measurement, seen as one plan."""
+
+    def __init__(self, A):
+        self.A = A
 
 
 def _rho(expl: Explanation, eps, plan) -> float:

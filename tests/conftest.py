@@ -50,14 +50,15 @@ def raw_adult_file() -> str:
     return _RAW["path"]
 
 
-def make_adult_db(path: str, *, epsilon=1.0, delta=1e-5, protect=True, sampler=None):
+def make_adult_db(path: str, *, epsilon=1.0, delta=1e-5, protect=True, sampler=None,
+                  reuse=True):
     """Create ``path`` with table ``adult``; return a dpsql session (policy applied)."""
     import shutil
 
     import dpsql
 
     shutil.copyfile(raw_adult_file(), path)
-    db = dpsql.connect(path, sampler=sampler)
+    db = dpsql.connect(path, sampler=sampler, reuse=reuse)
     if protect:
         policy = dict(ADULT_POLICY, epsilon=epsilon, delta=delta)
         db.protect("adult", policy)

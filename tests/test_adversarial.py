@@ -488,7 +488,7 @@ def test_no_positive_charge_is_recorded_as_zero(spend, epsilon, delta):
     spent = db.budget("adult")
     try:
         db.answer("SELECT COUNT(*) FROM adult", epsilon=epsilon, delta=delta,
-                  strategy="identity")
+                  strategy="identity", reuse=False)
     except DpsqlError as exc:
         assert "delta" in str(exc) and snapshot(db) == before
         return

@@ -45,7 +45,7 @@ def test_conversion_is_never_below_the_true_minimum_and_close_to_it(rho, delta):
 
 
 def test_k_identical_gaussian_releases_cost_less_than_k_epsilon_from_k_4(tmp_path):
-    db = make_adult_db(str(tmp_path / "a.duckdb"), epsilon=100, delta=1e-3,
+    db = make_adult_db(str(tmp_path / "a.duckdb"), reuse=False, epsilon=100, delta=1e-3,
                        sampler=SeededTestSampler(1))
     for k in range(1, 9):
         db.answer(Q, epsilon=0.5, delta=1e-6, strategy="identity")   # Gaussian pinned
@@ -77,7 +77,7 @@ def test_a_release_without_a_recorded_rho_disables_the_zcdp_route():
 def test_the_budget_check_uses_the_same_accountant_as_the_ledger(tmp_path):
     """Eight releases of 0.5 fit a budget of 3 only because zCDP accounts them below 3; the
     check admits exactly what the reported total allows, and refuses past it."""
-    db = make_adult_db(str(tmp_path / "a.duckdb"), epsilon=3, delta=1e-5,
+    db = make_adult_db(str(tmp_path / "a.duckdb"), reuse=False, epsilon=3, delta=1e-5,
                        sampler=SeededTestSampler(2))
     for _ in range(7):
         db.answer(Q, epsilon=0.5, delta=1e-6, strategy="identity")

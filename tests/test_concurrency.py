@@ -20,7 +20,7 @@ WORKER = textwrap.dedent("""
     import dpsql
     from dpsql.errors import BudgetExceededError
     path, start = sys.argv[1], float(sys.argv[2])
-    db = dpsql.connect(path, lock_timeout=60)
+    db = dpsql.connect(path, lock_timeout=60, reuse=False)
     while time.time() < start:
         time.sleep(0.001)
     try:
@@ -37,7 +37,7 @@ def test_two_processes_never_overspend(tmp_path):
     rounds = 4
     for r in range(rounds):
         path = str(tmp_path / f"race{r}.duckdb")
-        make_adult_db(path, epsilon=1.0, delta=1e-5).close()
+        make_adult_db(path, reuse=False, epsilon=1.0, delta=1e-5).close()
         start = time.time() + 2.0  # both processes are importing by then
         procs = [subprocess.Popen([sys.executable, str(script), path, str(start)],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -48,7 +48,7 @@ def test_two_processes_never_overspend(tmp_path):
         assert sorted(x.split()[0] for x in results) == ["LOST", "WON"], results
         loser = next(x for x in results if x.startswith("LOST"))
         assert "spent 0.6" in loser and "requested 0.6" in loser and "limit 1" in loser
-        db = dpsql.connect(path)
+        db = dpsql.connect(path, reuse=False)
         assert len(db.ledger()) == 1
         assert db.budget("adult")["epsilon_spent"] == Fraction(3, 5)
         db.close()
@@ -56,12 +56,12 @@ def test_two_processes_never_overspend(tmp_path):
 
 def test_threads_never_overspend(tmp_path):
     path = str(tmp_path / "threads.duckdb")
-    make_adult_db(path, epsilon=1.0, delta=1e-5).close()
+    make_adult_db(path, reuse=False, epsilon=1.0, delta=1e-5).close()
     outcomes = []
     barrier = threading.Barrier(8)
 
     def worker():
-        db = dpsql.connect(path)
+        db = dpsql.connect(path, reuse=False)
         barrier.wait()
         try:
             db.answer("SELECT COUNT(*) FROM adult", epsilon=0.3, delta=1e-7)
@@ -75,6 +75,6 @@ def test_threads_never_overspend(tmp_path):
     for t in threads:
         t.join()
     assert sorted(outcomes) == ["lost"] * 5 + ["won"] * 3
-    db = dpsql.connect(path)
+    db = dpsql.connect(path, reuse=False)
     assert db.budget("adult")["epsilon_spent"] == Fraction(9, 10)
     assert len(db.ledger()) == 3

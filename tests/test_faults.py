@@ -125,7 +125,7 @@ WORKER = textwrap.dedent("""
         while time.time() < float(start):
             time.sleep(0.0005)
         time.sleep(float(delay))
-        db = dpsql.connect(path, lock_timeout=60)
+        db = dpsql.connect(path, lock_timeout=60, reuse=False)
         try:
             db.answer({sql!r}, epsilon=0.6, delta=1e-7, strategy="workload")
             print("WON", flush=True)
@@ -160,7 +160,7 @@ def race(template, tmp_path, rounds: int, n_threads: int = 4):
                 while time.time() < start:
                     time.sleep(0.0005)
                 time.sleep(delay)
-                db = dpsql.connect(path, lock_timeout=60)
+                db = dpsql.connect(path, lock_timeout=60, reuse=False)
                 try:
                     db.answer(RACE_SQL, epsilon=0.6, delta=1e-7, **FAST)
                     outcomes.append("WON")
@@ -198,7 +198,7 @@ def sequential_baseline(template, tmp_path, n: int):
     accountant may fit more), never on the order or the timing."""
     path = fresh(template, tmp_path, "sequential.duckdb")
     outcomes = []
-    with dpsql.connect(path) as db:
+    with dpsql.connect(path, reuse=False) as db:
         for _ in range(n):
             try:
                 db.answer(RACE_SQL, epsilon=0.6, delta=1e-7, **FAST)
@@ -345,9 +345,11 @@ def _check_after_fault(path, point, name):
                     rows = c.execute(f'SELECT * FROM main."{result.name}"').fetchall()
                     assert [tuple(r) for r in rows] == [tuple(r) for r in result.rows]
         if point in ("after_data_read", "after_commit"):
-            # without a name, asking again is a new release with its own charge (never free)
+            # without a name and without reuse, asking again is a new release with its own
+            # charge, never a free re-noise (with reuse it is answered from the recorded
+            # measurements at no cost and no new noise: tests/test_reuse.py)
             n, spent = len(db.ledger()), db.budget("adult")["epsilon_spent"]
-            db.answer(BATCH, epsilon=0.1, delta=1e-7, **FAST)
+            db.answer(BATCH, epsilon=0.1, delta=1e-7, reuse=False, **FAST)
             assert len(db.ledger()) == n + 1 and db.ledger()[-1]["epsilon"] == 0.1
             assert db.budget("adult")["epsilon_spent"] > spent
 
@@ -362,7 +364,7 @@ def test_an_exception_at_each_point_of_a_release(template, tmp_path, monkeypatch
     or the recorded answers (no charge), and an unnamed retry is charged again."""
     path = fresh(template, tmp_path)
     install_fault(point, _raise, setattr=monkeypatch.setattr)
-    with dpsql.connect(path) as db:
+    with dpsql.connect(path, reuse=False) as db:
         with pytest.raises(InjectedFault):
             db.answer(BATCH, epsilon=0.2, delta=1e-7, name="weekly", **FAST)
     monkeypatch.undo()
@@ -381,7 +383,7 @@ KILL_HOOK = textwrap.dedent("""
         time.sleep(120)
 
     install_fault(point, pause)
-    with dpsql.connect(path) as db:
+    with dpsql.connect(path, reuse=False) as db:
         db.answer(BATCH, epsilon=0.2, delta=1e-7, name="weekly", **FAST)
     print("[hook] returned", flush=True)
 """)

@@ -46,7 +46,7 @@ def test_laplace_releases_match_their_reported_error_and_intervals(tmp_path):
 
     The ``hierarchical`` strategy keeps each release fast and makes every answer a sum of
     several Laplace terms (the intervals' nontrivial case)."""
-    db = make_adult_db(str(tmp_path / "a.duckdb"), epsilon=10_000, delta=0)
+    db = make_adult_db(str(tmp_path / "a.duckdb"), reuse=False, epsilon=10_000, delta=0)
     truth = exact_answers(db, BATCH)
     errors, inside, expected = [], [], None
     for _ in range(60):
@@ -86,7 +86,7 @@ def test_laplace_scale_is_the_l1_sensitivity_over_epsilon(tmp_path):
 
 
 def test_pure_budget_accepts_only_pure_requests(tmp_path):
-    db = make_adult_db(str(tmp_path / "a.duckdb"), epsilon=1, delta=0,
+    db = make_adult_db(str(tmp_path / "a.duckdb"), reuse=False, epsilon=1, delta=0,
                        sampler=SeededTestSampler(1))
     before = snapshot(db)
     with pytest.raises(BudgetExceededError, match="delta"):    # Gaussian noise asked for

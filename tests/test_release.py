@@ -110,7 +110,7 @@ def test_create_table_refuses_to_overwrite_and_charges_nothing(adult_db):
 
 def test_budget_exact_fit_then_refusal_charges_nothing(tmp_path):
     """Pure releases (basic composition, exact sums): 0.1 + 0.2 + 0.7 lands exactly on 1."""
-    db = make_adult_db(str(tmp_path / "b.duckdb"), epsilon=1.0, delta=0)
+    db = make_adult_db(str(tmp_path / "b.duckdb"), reuse=False, epsilon=1.0, delta=0)
     q = "SELECT COUNT(*) FROM adult WHERE sex = 'Female'"
     db.answer(q, epsilon=0.1, delta=0)
     db.answer(q, epsilon=0.2, delta=0)
@@ -129,7 +129,7 @@ def test_budget_exact_fit_then_refusal_charges_nothing(tmp_path):
 
 
 def test_gaussian_deltas_add_exactly_to_the_limit(tmp_path):
-    db = make_adult_db(str(tmp_path / "d.duckdb"), epsilon=10.0, delta=1e-5)
+    db = make_adult_db(str(tmp_path / "d.duckdb"), reuse=False, epsilon=10.0, delta=1e-5)
     q = "SELECT COUNT(*) FROM adult WHERE sex = 'Female'"
     for eps, dlt in ((0.1, 1e-6), (0.2, 1e-6), (0.7, 8e-6)):
         db.answer(q, epsilon=eps, delta=dlt, strategy="identity")   # Gaussian pinned

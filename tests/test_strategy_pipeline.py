@@ -228,7 +228,7 @@ def run_releases(db, sql: str, strategy: str, R: int, truth):
 
 @pytest.mark.parametrize("strategy,sql", CASES, ids=[c[0] for c in CASES])
 def test_released_error_matches_reported_rmse(tmp_path, raw_adult, strategy, sql):
-    db = make_adult_db(str(tmp_path / "p.duckdb"), epsilon=1e6, delta=0.5,
+    db = make_adult_db(str(tmp_path / "p.duckdb"), reuse=False, epsilon=1e6, delta=0.5,
                        sampler=SeededTestSampler(sum(map(ord, strategy))))
     truth = true_counts(raw_adult, sql)
     cov = unit_covariance(db, sql, strategy)
@@ -267,7 +267,7 @@ class ScaledSampler(SeededTestSampler):
 @pytest.mark.parametrize("factor", [MISCALIBRATION, 1 / MISCALIBRATION])
 def test_check_catches_a_noise_scale_off_by_30_percent(tmp_path, raw_adult, factor):
     strategy = "workload"                       # the cheapest to select; R = 5 releases
-    db = make_adult_db(str(tmp_path / "bad.duckdb"), epsilon=1e6, delta=0.5,
+    db = make_adult_db(str(tmp_path / "bad.duckdb"), reuse=False, epsilon=1e6, delta=0.5,
                        sampler=ScaledSampler(11, factor))
     truth = true_counts(raw_adult, BATCH)
     R = releases_needed(np.clip(np.linalg.eigvalsh(unit_covariance(db, BATCH, strategy)),
