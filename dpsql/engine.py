@@ -326,15 +326,15 @@ def write_table(con, name: str, columns: Sequence[tuple[str, str, list]], *,
                 replace: bool = False, comment: str | None = None) -> None:
     """Create ``main.name`` with (column name, SQL type, values) in one statement; an
     optional table comment (``COMMENT ON TABLE``) describes how the values were made."""
-    cols = ", ".join(f"{quote_ident(c)} {t}" for c, t, _ in columns)
+    create = "CREATE OR REPLACE TABLE" if replace else "CREATE TABLE"
     with engine_errors(f"writing result table {name!r}"):
-        if replace:
-            con.execute(f"DROP TABLE IF EXISTS main.{quote_ident(name)}")
-        con.execute(f"CREATE TABLE main.{quote_ident(name)} ({cols})")
-        if columns and len(columns[0][2]):
-            select = ", ".join(f"unnest(${i + 1}::{t}[])" for i, (_, t, _) in enumerate(columns))
-            con.execute(f"INSERT INTO main.{quote_ident(name)} SELECT {select}",
+        if columns:       # one statement: the typed lists unnested side by side
+            select = ", ".join(f"unnest(${i + 1}::{t}[]) AS {quote_ident(c)}"
+                               for i, (c, t, _) in enumerate(columns))
+            con.execute(f"{create} main.{quote_ident(name)} AS SELECT {select}",
                         [list(v) for _, _, v in columns])
+        else:
+            con.execute(f"{create} main.{quote_ident(name)} ()")
         if comment is not None:
             con.execute(f"COMMENT ON TABLE main.{quote_ident(name)} IS "
                         f"'{comment.replace(chr(39), chr(39) * 2)}'")

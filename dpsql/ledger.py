@@ -263,8 +263,10 @@ def charge(con, policy: TablePolicy, request: Charge) -> tuple[int, list[str]]:
 def mark_released(con, release_id: int, tables: Sequence[tuple[int, str, str, int]]) -> None:
     """Record the written result tables (statement index, name, sql, rows)."""
     with engine_errors("recording the release"):
-        for index, name, sql, n_rows in tables:
-            con.execute("INSERT INTO dpsql.release_tables VALUES (?, ?, ?, ?, ?)",
+        if tables:        # one statement for every table of the release
+            index, name, sql, n_rows = (list(col) for col in zip(*tables))
+            con.execute("INSERT INTO dpsql.release_tables SELECT ?, unnest(?::INTEGER[]), "
+                        "unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::BIGINT[])",
                         [release_id, index, name, sql, n_rows])
         con.execute("UPDATE dpsql.ledger SET status = 'released' WHERE release_id = ?",
                     [release_id])
