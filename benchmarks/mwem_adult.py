@@ -2,6 +2,7 @@
 ε-DP and MWEM"), following Hardt, Ligett & McSherry §3.1.1 (range queries).
 
     python benchmarks/mwem_adult.py [--quick] [--runs N] [--epsilons E ...] [--no-e2e]
+    python benchmarks/mwem_adult.py --only b-counts     # only the (b)-by-count table
     python benchmarks/mwem_adult.py | tee benchmarks/results/mwem_adult.txt    # the full run
 
 Data: ``../shared/data/adult.csv`` when present (developer checkouts), else the copy shipped
@@ -57,11 +58,18 @@ For each ε ∈ {0.01, 0.05, 0.1, 0.5, 1} the table shows the average squared er
 Simulation. MWEM runs against :class:`dpsql.kernel.MeasureOracle` — the kernel's own oracle
 class — holding the true data vector, with :class:`dpsql.noise.SeededTestSampler` (seeded
 continuous Laplace and Gumbel-max exponential mechanism) instead of OpenDP's exact samplers.
-(a) needs the oracle's ``select_interval`` (the protocol method of
-:class:`dpsql.mwem.MeasureOracle` for a RangeBlock), which the kernel does not have yet: the
-subclass :class:`RangeOracle` below adds it, using the kernel oracle's own budget check and
-sampler. Data vectors are counted by the benchmark's own DuckDB query and checked against
-:func:`dpsql.engine.data_vector`. Not private: a benchmark, not a release.
+(a) uses the kernel oracle's ``select_interval`` (the protocol method of
+:class:`dpsql.mwem.MeasureOracle` for a RangeBlock: the exponential mechanism over all ranges,
+charged through the oracle's exact accounting, drawn with its sampler; the results file's
+(a) rows were produced by an equivalent benchmark-side subclass, now removed, making the
+same calls). Data vectors are counted by the benchmark's own DuckDB query and checked
+against :func:`dpsql.engine.data_vector`. Not private: a benchmark, not a release.
+
+(b) by number of rectangles: the paper's Figure 2 (1) varies the number of random range
+queries at fixed ε. A second table runs (b) on its first k ∈ {50, 200, 2000} rectangles (the
+generator's first k draws: nested query sets) on the same 7,326 unit cells, at ε ∈ {0.01,
+0.05, 0.1}, with the same MWEM settings and seeds (so k = 2000 repeats (b)'s main rows; in a
+full run they are reused), and each query set's svdb (ε, δ = 1/N) and pure svdb.
 
 End to end. Workload (b), ε = 0.1, the best T found for it, also runs through
 ``dpsql.connect(...).answer(sql, epsilon=0.1, delta=0, strategy="mwem(rounds=T,
@@ -265,25 +273,15 @@ def independent(info: WorkloadInfo) -> tuple[list, list]:
     return out, skipped
 
 
-class RangeOracle(MeasureOracle):
-    """The kernel's oracle plus ``select_interval`` (what kernel.MeasureOracle needs for a
-    RangeBlock): the data's prefix sums, the kernel's budget check, its sampler."""
-
-    def select_interval(self, block, candidates, estimates, epsilon):
-        prefix = np.concatenate([[0.0], np.cumsum(self._x(block))])
-        eps = self._spend(epsilon)
-        return candidates.sample(estimates, prefix, eps, self._sampler.exponential)
-
-
 class Case:
     """One workload: MWEM's blocks, data and truth; svdb; the data-independent candidates."""
 
     def __init__(self, label, blocks, xs, truth, m, n, svdb_total, candidates, skipped,
-                 options, rounds, oracle=MeasureOracle, describe=""):
+                 options, rounds, describe=""):
         self.label, self.blocks, self.xs, self.truth = label, blocks, xs, truth
         self.m, self.n, self.svdb, self.candidates = m, n, svdb_total, candidates
         self.skipped, self.options, self.rounds = skipped, dict(options), tuple(rounds)
-        self.oracle, self.describe = oracle, describe
+        self.describe = describe
 
     def best_independent(self, eps: float) -> tuple[str, float]:
         mses = [(factor * selection.noise_scale("laplace", plan, eps, 0, "analytic")[1], i, name)
@@ -298,11 +296,108 @@ class Case:
         return selection.bound_rmse("laplace", eps, 0, "analytic", self.svdb, self.m) ** 2
 
     def mwem_mse(self, eps: float, rounds: int, seed: int, **options) -> float:
-        oracle = self.oracle(self.xs, SeededTestSampler(seed), Fraction(repr(eps)))
+        oracle = MeasureOracle(self.xs, SeededTestSampler(seed), Fraction(repr(eps)))
         opts = MWEMOptions(rounds=rounds, iterate="last", total=N_ROWS, **options)
         result = run_mwem(self.blocks, Fraction(repr(eps)), oracle, opts)
         err = np.concatenate([a - t for a, t in zip(result.answers, self.truth)])
         return float(np.mean(err ** 2))
+
+
+B_LABEL = "(b) age x hours rectangles"
+B_INDEX = 2                          # (b)'s position among the cases (its runs' seeds)
+
+
+def build_b(con, policy, independents: bool = True) -> Case:
+    """(b): 2,000 random rectangles compiled by dpsql to the 74 x 99 unit cells."""
+    queries = parse_batch(";\n".join(sql_age_hours_rectangles()), lambda name, node: policy)
+    compiled, blocks = adaptive.blocks_for(queries, policy)
+    (workload, _), = compiled
+    xs = [data_vector(con, policy, [(p.column, p.unit_to_part) for p in workload.partitions],
+                      workload.n_cells)]
+    info = selection.workload_info(workload)
+    cands, skipped = independent(info) if independents else ([], [])
+    return Case(B_LABEL, blocks, xs, [blocks[0].W @ xs[0]],
+                workload.n_queries, workload.n_cells, selection.svdb(info), cands,
+                skipped, {"replay": REPLAY}, ROUNDS,
+                describe=f"{N_RECT} random rectangles (seed {RECT_SEED}), compiled "
+                         f"to shape {workload.shape}")
+
+
+# ---------------------------------------------------------- (b) by number of rectangles
+
+#: the paper's Figure 2 (1): the number of random range queries varies, ε fixed
+B_COUNTS = (50, 200, N_RECT)
+B_COUNT_EPSILONS = (0.01, 0.05, 0.1)
+
+
+def b_subset(case: Case, k: int) -> Case:
+    """(b) restricted to its first ``k`` rectangles (the generator's first ``k`` draws, so
+    the query sets are nested), on the same 7,326 unit cells (the paper's fixed domain)."""
+    block, = case.blocks
+    singles = tuple((i, i + 1) for i in range(N_RECT))
+    if block.groups != singles or block.W.shape[0] != N_RECT:
+        raise SystemExit("unexpected (b) block: single-query candidates over 2000 rows needed")
+    W = sp.csr_matrix(block.W[:k])
+    lam = np.linalg.eigvalsh((W @ W.T).toarray())
+    svdb_total = selection.bounds.svdb_from_eigenvalues(lam, case.n)
+    if k == N_RECT and abs(svdb_total / case.svdb - 1) > 1e-6:
+        raise SystemExit(f"svdb of all {k} rows {svdb_total} != (b)'s {case.svdb}")
+    return Case(f"(b) {k} rectangles", [Block(W, singles[:k], case.n)], case.xs, [W @ case.xs[0]],
+                k, case.n, svdb_total, [], [], case.options, case.rounds,
+                describe=f"first {k} of (b)'s rectangles")
+
+
+def b_counts(case: Case, runs: int, reuse=None) -> None:
+    """Sweep and print the (b)-by-count table; ``reuse``: (b)'s main sweep, whose runs (same
+    seeds) stand for the 2,000-rectangle rows when it covers them."""
+    print()
+    print(f"(b) by number of rectangles, following the paper's Figure 2 (1) (number of random "
+          f"range queries varied, ε fixed): the first k of (b)'s {N_RECT} rectangles (nested "
+          f"sets) on the same {case.n} unit cells; MWEM replay={REPLAY}, T in "
+          f"{list(case.rounds)}, best T in hindsight, {runs} runs each (the same seeds as "
+          f"(b)'s main rows, so the k={N_RECT} rows repeat them); svdb (ε,δ) with δ = 1/N and "
+          f"svdb pure ε for each query set.", flush=True)
+    table = {}
+    for k in B_COUNTS:
+        sub = b_subset(case, k)
+        for eps in B_COUNT_EPSILONS:
+            ei = EPSILONS.index(eps)
+            if k == N_RECT and reuse is not None and all((eps, T) in reuse for T in sub.rounds):
+                by = {T: reuse[(eps, T)] for T in sub.rounds}
+                source = "reused"
+            else:
+                started = time.perf_counter()
+                by = {}
+                for T in sub.rounds:
+                    vals = [sub.mwem_mse(eps, T, seed_of(0, B_INDEX, ei, T, r), **sub.options)
+                            for r in range(runs)]
+                    by[T] = (float(np.mean(vals)), float(np.std(vals, ddof=1) / math.sqrt(runs))
+                             if runs > 1 else math.nan)
+                source = f"{time.perf_counter() - started:.1f}s"
+                print(f"  done {sub.label} ε={eps:g} ({source})", flush=True)
+            table[(k, eps)] = (sub, by, source)
+    header = (f"{'rectangles':>10} {'ε':>5} {'MWEM MSE (best T)':>21} {'T':>3} "
+              f"{'svdb (ε,δ)':>10} {'MWEM/it':>8} {'MWEM wins?':>10} {'svdb pure ε':>11} "
+              f"{'MWEM/it':>8}")
+    print()
+    print(header)
+    print("-" * len(header))
+    for eps in B_COUNT_EPSILONS:
+        for k in B_COUNTS:
+            sub, by, _ = table[(k, eps)]
+            T = min(by, key=lambda t: by[t][0])
+            mse, se = by[T]
+            paper, pure = sub.svdb_paper(eps), sub.svdb_pure(eps)
+            print(f"{k:>10} {eps:>5g} {mse:>11.4g} ±{se:>7.2g} {T:>3} {paper:>10.4g} "
+                  f"{mse / paper:>8.3g} {'yes' if mse < paper else 'no':>10} {pure:>11.4g} "
+                  f"{mse / pure:>8.3g}")
+    print("MWEM wins? as in the main table (mean MSE below the paper's svdb (ε,δ), δ = 1/N).")
+    print(f"MWEM mean MSE by T ({runs} runs each)")
+    for eps in B_COUNT_EPSILONS:
+        for k in B_COUNTS:
+            _, by, _ = table[(k, eps)]
+            print(f"{k:>10} {eps:>5g} " + " ".join(f"{'T=' + str(t):>5} {by[t][0]:>10.4g}"
+                                                   for t in by))
 
 
 def build_cases(con, policy, quick: bool) -> list:
@@ -323,7 +418,7 @@ def build_cases(con, policy, quick: bool) -> list:
     cases.append(Case("(a) capital_loss all ranges", [RangeBlock(n)], [x],
                       [interval_answers(np.concatenate([[0.0], np.cumsum(x)]))],
                       n * (n + 1) // 2, n, all_ranges_svdb(n), cands, skipped,
-                      {"replay": REPLAY}, ROUNDS, RangeOracle,
+                      {"replay": REPLAY}, ROUNDS,
                       f"RangeBlock({n}): every range, implicit"))
     print(f"  (a) built in {time.perf_counter() - started:.1f}s", flush=True)
     started = time.perf_counter()
@@ -338,18 +433,7 @@ def build_cases(con, policy, quick: bool) -> list:
                       describe=f"{N_RANGES} random ranges (seed {RANGE_SEED}) on unit cells"))
     print(f"  (a') built in {time.perf_counter() - started:.1f}s", flush=True)
     started = time.perf_counter()
-    queries = parse_batch(";\n".join(sql_age_hours_rectangles()), lambda name, node: policy)
-    compiled, blocks = adaptive.blocks_for(queries, policy)
-    (workload, _), = compiled
-    xs = [data_vector(con, policy, [(p.column, p.unit_to_part) for p in workload.partitions],
-                      workload.n_cells)]
-    info = selection.workload_info(workload)
-    cands, skipped = independent(info)
-    cases.append(Case("(b) age x hours rectangles", blocks, xs, [blocks[0].W @ xs[0]],
-                      workload.n_queries, workload.n_cells, selection.svdb(info), cands,
-                      skipped, {"replay": REPLAY}, ROUNDS,
-                      describe=f"{N_RECT} random rectangles (seed {RECT_SEED}), compiled "
-                               f"to shape {workload.shape}"))
+    cases.append(build_b(con, policy))
     print(f"  (b) built in {time.perf_counter() - started:.1f}s", flush=True)
     if quick:
         return cases
@@ -449,19 +533,23 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, help=f"MWEM runs per (ε, T) (default {RUNS})")
     ap.add_argument("--epsilons", type=float, nargs="*", help=f"ε grid (default {EPSILONS})")
     ap.add_argument("--no-e2e", action="store_true", help="skip the end-to-end release")
+    ap.add_argument("--only", choices=["b-counts"],
+                    help="b-counts: only the (b)-by-number-of-rectangles table (the paper's "
+                         "Figure 2 (1)); no other workload, no end-to-end run")
     args = ap.parse_args(argv)
     eps_grid = tuple(args.epsilons or ((0.05, 0.5) if args.quick else EPSILONS))
     runs = args.runs or (2 if args.quick else RUNS)
     t_start = time.perf_counter()
 
     csv = adult_csv()
-    print(f"# python benchmarks/mwem_adult.py{' --quick' if args.quick else ''}   data: {csv}; "
+    print(f"# python benchmarks/mwem_adult.py{' --quick' if args.quick else ''}"
+          f"{' --only ' + args.only if args.only else ''}   data: {csv}; "
           f"started {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}")
     print(f"load average at start {load_text()} (shared machine: seconds are inflated)")
     print(f"MSE = total squared error / number of queries (the paper's metric). MWEM: last "
           f"iterate, uniform start, N={N_ROWS} public, {runs} runs per (ε, T), best T in "
           f"hindsight; options per workload below. Simulated oracle = dpsql.kernel."
-          f"MeasureOracle (+ select_interval for (a)) with SeededTestSampler (continuous "
+          f"MeasureOracle (select_interval for (a)) with SeededTestSampler (continuous "
           f"Laplace, Gumbel-max EM). svdb (ε,δ) = the paper's comparison: Li & Miklau's SVD "
           f"bound with P = 2 ln(2/δ)/ε², δ = 1/N = {DELTA_PAPER:.3g}. svdb pure ε = the same "
           f"bound for Laplace noise (2/ε²). Data-independent: dpsql's Laplace family (auto's "
@@ -469,6 +557,17 @@ def main(argv=None) -> int:
     policy = load_policy({"tables": {"adult": POLICY}})["adult"]
     con = duckdb.connect()
     con.execute("CREATE TABLE adult AS SELECT * FROM read_csv(?, header = true)", [csv])
+    if args.only == "b-counts":
+        started = time.perf_counter()
+        case = build_b(con, policy, independents=False)
+        con.close()
+        print(f"(b) built in {time.perf_counter() - started:.1f}s: {case.m} queries over "
+              f"{case.n} cells ({case.describe})", flush=True)
+        b_counts(case, runs)
+        print()
+        print(f"total wall time {time.perf_counter() - t_start:.1f}s; load average at end "
+              f"{load_text()}")
+        return 0
     started = time.perf_counter()
     cases = build_cases(con, policy, args.quick)
     con.close()
@@ -539,6 +638,10 @@ def main(argv=None) -> int:
                 print(f"{label:<30} {eps:>5g} T={T:<3} MSE {by[(eps, T)][0]:>11.4g}  "
                       f"x{by[(eps, T)][0] / sim[(label, eps)]:.2f}")
     print(f"MWEM simulation time: {mwem_seconds:.1f}s for {n_runs} runs")
+    b_case = next((c for c in cases if c.label == B_LABEL), None)
+    if b_case is not None and not args.quick:
+        b_counts(b_case, runs, reuse=main_runs[B_LABEL]
+                 if eps_grid == EPSILONS and runs == RUNS else None)
 
     if not args.no_e2e:
         label = "(b) age x hours rectangles"

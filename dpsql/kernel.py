@@ -35,7 +35,7 @@ import scipy.sparse as sp
 from . import engine, ledger
 from .errors import StrategyError
 from .noise import SecureGaussianSampler
-from .mwem_groups import CandidateGroups, GroupValues, group_sensitivities
+from .mwem_groups import AllIntervals, CandidateGroups, GroupValues, group_sensitivities
 from .strategies.base import EXACT_ROWS, QUANTUM_BITS, Plan, exact_l1_sensitivity
 
 
@@ -203,6 +203,8 @@ class MeasureOracle:
       secure sampler selects with probability ∝ exp(ε' · score / (2 Δ)): ε'-DP.
     - :meth:`measure`: Laplace noise with scale ``b = Δ₁(rows)/ε'`` (exact L1 sensitivity):
       ε'-DP.
+    - :meth:`select_interval`: the exponential mechanism over *every* range of an ordered
+      block (MWEM's :class:`~dpsql.mwem.RangeBlock`), never listed; ε'-DP (see there).
     """
 
     def __init__(self, xs, sampler, epsilon: Fraction):
@@ -269,6 +271,51 @@ class MeasureOracle:
         diff = np.abs(values - answers)
         scores = np.add.reduceat(diff, groups.offsets[:-1]) - penalties
         return int(self._sampler.exponential(scores, eps, sensitivity=sensitivity))
+
+    def select_interval(self, block: int, candidates, estimates, epsilon) -> tuple[int, int]:
+        """The exponential mechanism over all ranges ``[lo, hi]`` of block ``block``'s ``n``
+        ordered cells that ``candidates`` (an :class:`~dpsql.mwem_groups.AllIntervals` over
+        those ``n`` cells) allows; ``estimates`` are the prefix sums of MWEM's current
+        distribution (``n + 1`` finite values). Spends ``epsilon``; returns ``(lo, hi)``.
+
+        Privacy (Hardt, Ligett & McSherry, §2: MWEM's selection step is the exponential
+        mechanism; McSherry & Talwar 2007). The score of a range is ``|E[hi+1] − E[lo] −
+        count[lo, hi]|`` with public estimates ``E``. Adding or removing one row changes one
+        range count by at most 1 (a range is a 0/1 query), so every score moves by at most 1:
+        sensitivity 1, fixed here, never taken from the caller. The output is drawn with
+        probability ∝ ``exp(ε'·score / 2)`` over the allowed ranges (the candidate set
+        depends only on past public outputs), which is ε'-DP. The draw is
+        :meth:`AllIntervals.sample`: two calls of the kernel's exponential sampler
+        (``self._sampler.exponential``, OpenDP's exact Gumbel-max in production) whose
+        product is exactly that one distribution over ranges (its docstring), so the
+        privacy of the step is that of the single exponential mechanism over all ranges,
+        not of the two calls separately — up to floating-point rounding of the scores and of
+        the sampler's scale (rounded up by at most one ulp), as for any scored selection.
+
+        The budget is checked and charged through :meth:`_spend` exactly like
+        :meth:`select` (exact Fraction sums; a call that would overspend, or whose inputs
+        are invalid, is refused before anything is computed or spent).
+        """
+        x = self._x(block)
+        if not isinstance(candidates, AllIntervals) or candidates.n != x.size \
+                or len(candidates) <= 0:
+            raise StrategyError(f"internal error: select_interval needs a non-empty "
+                                f"AllIntervals over the block's {x.size} cells")
+        if any(not (0 <= lo <= hi < x.size) for lo, hi in candidates.excluded):
+            raise StrategyError("internal error: select_interval's excluded ranges must lie "
+                                "within the block's cells")
+        try:
+            est = np.array(estimates, dtype=float).reshape(-1)
+        except (TypeError, ValueError) as exc:
+            raise StrategyError("internal error: select_interval needs numeric estimates") \
+                from exc
+        if est.size != x.size + 1 or not np.all(np.isfinite(est)):
+            raise StrategyError(f"internal error: select_interval needs {x.size + 1} finite "
+                                f"prefix-sum estimates, got {est.size}")
+        eps = self._spend(epsilon)
+        prefix = np.concatenate([[0.0], np.cumsum(x)])      # exact: integer counts < 2**32
+        lo, hi = candidates.sample(est, prefix, eps, self._sampler.exponential)
+        return int(lo), int(hi)
 
     def measure(self, block: int, rows, epsilon) -> tuple[np.ndarray, float]:
         from .laplace import laplace_scale

@@ -269,3 +269,160 @@ def test_box_path_survives_huge_steps():
     assert state.p[2:5].sum() > 0.999
     for a, b in itertools.pairwise(range(0, 10, 5)):
         assert np.all(np.isfinite(state.logw[a:b]))
+
+
+# ------------------------------------------------------------ the kernel's select_interval
+
+def _em_probs(est, ans, ranges, eps):
+    """Exponential-mechanism probabilities ∝ exp(eps·score/2) over the listed ranges."""
+    scores = np.array([abs(est[hi + 1] - est[lo] - (ans[hi + 1] - ans[lo])) for lo, hi in ranges])
+    z = eps * scores / 2.0
+    p = np.exp(z - z.max())
+    return p / p.sum()
+
+
+class _MisScaled:
+    """The seeded sampler with its ε multiplied by ``factor`` (a wrong-scale sampler)."""
+
+    private = False
+
+    def __init__(self, seed, factor):
+        from dpsql.noise import SeededTestSampler
+
+        self.inner, self.factor = SeededTestSampler(seed), factor
+
+    def exponential(self, scores, epsilon, *, sensitivity):
+        return self.inner.exponential(scores, float(epsilon) * self.factor,
+                                      sensitivity=sensitivity)
+
+
+def test_kernel_select_interval_draws_the_exponential_mechanism():
+    """dpsql.kernel.MeasureOracle.select_interval with the seeded test sampler: 6,000 draws
+    over the 14 allowed ranges of 5 cells (one excluded), chi-square against the exponential
+    mechanism's probabilities at ε (every expected count ≥ 5 here, checked), α = 0.001, 13
+    degrees of freedom, ε = 1. Power: a sampler 30% off in scale (ε×1.3 or ε/1.3) shifts
+    the probabilities enough that the non-central chi-square exceeds the critical value with
+    probability > 1 − 1e-6 (computed below; it rounds to 1.0 in double precision), and with
+    these seeds both wrong scales are rejected while the kernel's draws are not."""
+    from scipy import stats
+
+    from dpsql.kernel import MeasureOracle
+    from dpsql.noise import SeededTestSampler
+
+    n, eps, draws = 5, Fraction(1), 6000
+    x = np.array([4.0, 0.0, 7.0, 2.0, 3.0])
+    est = np.concatenate([[0.0], np.cumsum([1.0, 6.0, 2.0, 5.0, 2.5])])
+    ans = np.concatenate([[0.0], np.cumsum(x)])
+    excluded = {(1, 2)}
+    ranges = [(lo, hi) for lo in range(n) for hi in range(lo, n) if (lo, hi) not in excluded]
+    p = _em_probs(est, ans, ranges, float(eps))
+    assert np.all(draws * p >= 5)
+    dof = len(ranges) - 1
+    crit = stats.chi2.ppf(0.999, dof)
+    for factor in (1.3, 1 / 1.3):
+        q = _em_probs(est, ans, ranges, float(eps) * factor)
+        power = stats.ncx2.sf(crit, dof, draws * np.sum((q - p) ** 2 / p))
+        assert power > 1 - 1e-6, (factor, power)
+
+    def chi2(sampler):
+        oracle = MeasureOracle([x], sampler, eps * draws)
+        cands = AllIntervals(n, excluded)
+        counts = dict.fromkeys(ranges, 0)
+        for _ in range(draws):
+            counts[oracle.select_interval(0, cands, est, eps)] += 1
+        assert oracle.spent == eps * draws == oracle.budget        # exact accounting
+        observed = np.array([counts[r] for r in ranges], dtype=float)
+        return float(np.sum((observed - draws * p) ** 2 / (draws * p)))
+
+    assert chi2(SeededTestSampler(31)) < crit
+    assert chi2(_MisScaled(32, 1.3)) > crit
+    assert chi2(_MisScaled(33, 1 / 1.3)) > crit
+
+
+class _Recording:
+    private = False
+
+    def __init__(self, seed):
+        from dpsql.noise import SeededTestSampler
+
+        self.inner, self.calls = SeededTestSampler(seed), []
+
+    def exponential(self, scores, epsilon, *, sensitivity):
+        self.calls.append((epsilon, sensitivity))
+        return self.inner.exponential(scores, epsilon, sensitivity=sensitivity)
+
+    def laplace(self, values, scale, *, sensitivity, epsilon=None):
+        return self.inner.laplace(values, scale, sensitivity=sensitivity, epsilon=epsilon)
+
+
+def test_kernel_select_interval_budget_is_exact_and_inputs_checked():
+    from dpsql.kernel import MeasureOracle
+
+    x = np.array([3.0, 1.0, 0.0, 2.0])
+    est = np.linspace(0.0, 6.0, 5)
+    sampler = _Recording(4)
+    oracle = MeasureOracle([x], sampler, Fraction(1))
+    for _ in range(3):
+        lo, hi = oracle.select_interval(0, AllIntervals(4), est, Fraction(1, 3))
+        assert 0 <= lo <= hi < 4 and type(lo) is int and type(hi) is int
+    assert oracle.spent == Fraction(1)                     # 3 × 1/3, exactly
+    # two sampler calls per draw, each at the step's exact ε and sensitivity 1
+    assert sampler.calls == [(Fraction(1, 3), 1.0)] * 6
+    with pytest.raises(StrategyError, match="more than its charged epsilon"):
+        oracle.select_interval(0, AllIntervals(4), est, Fraction(1, 10**9))
+    assert oracle.spent == Fraction(1) and len(sampler.calls) == 6
+
+    fresh = MeasureOracle([x], _Recording(5), Fraction(1))
+    bad = [(AllIntervals(5), est), (AllIntervals(3), est), ("ranges", est),
+           (AllIntervals(4), est[:4]), (AllIntervals(4), np.append(est[:4], np.nan)),
+           (AllIntervals(4), np.append(est[:4], np.inf)), (AllIntervals(4), "abcde"),
+           (AllIntervals(1 * 4, {(0, 4)}), est),
+           (AllIntervals(1, {(0, 0)}), np.zeros(2))]
+    for cands, e in bad:
+        with pytest.raises(StrategyError, match="select_interval"):
+            fresh.select_interval(0, cands, e, Fraction(1, 2))
+    with pytest.raises(StrategyError, match="no block"):
+        fresh.select_interval(1, AllIntervals(4), est, Fraction(1, 2))
+    for eps in (0, -1):
+        with pytest.raises(StrategyError, match="epsilon > 0"):
+            fresh.select_interval(0, AllIntervals(4), est, eps)
+    assert fresh.spent == 0 and fresh._sampler.calls == []        # refused: nothing spent
+    fresh.close()
+    with pytest.raises(StrategyError, match="closed"):
+        fresh.select_interval(0, AllIntervals(4), est, Fraction(1, 2))
+
+
+def test_run_mwem_on_a_range_block_through_the_kernel_oracle_spends_exactly():
+    from dpsql.kernel import MeasureOracle
+    from dpsql.noise import SeededTestSampler
+
+    n = 30
+    x = np.random.default_rng(6).poisson(8, n).astype(float)
+    x[7] += 100
+    for eps, opts in [(Fraction(1, 3), dict(rounds=7, replay=5)),
+                      (Fraction(7, 10), dict(rounds="auto", max_stages=3, replay=3)),
+                      (Fraction(1, 2), dict(rounds=4))]:
+        oracle = MeasureOracle([x], SeededTestSampler(9), eps)
+        res = run_mwem([RangeBlock(n)], eps, oracle, MWEMOptions(**opts))
+        assert oracle.spent == eps == res.epsilon                # exact Fractions
+        selects = [s[2] for s in res.spends if s[0] == "select"]
+        rounds = [m.rows for m in res.measurements if m.kind == "round"]
+        assert len(selects) == len(rounds) > 0
+        assert len(set(rounds)) == len(rounds)                 # no range measured twice
+        truth = interval_answers(np.concatenate([[0], np.cumsum(x)]))
+        assert res.answers[0].size == truth.size
+
+
+def test_metric_oracle_still_refuses_select_interval():
+    from dpsql.kernel import MetricMeasureOracle
+    from dpsql.noise import SeededTestSampler
+
+    x = np.array([1.0, 2.0, 3.0])
+    dist = np.abs(np.arange(3.0)[:, None] - np.arange(3.0)[None, :])
+    oracle = MetricMeasureOracle([x], [dist], SeededTestSampler(1), Fraction(1))
+    with pytest.raises(StrategyError, match="not all ranges"):
+        oracle.select_interval(0, AllIntervals(3), np.arange(4.0), Fraction(1, 2))
+    assert oracle.spent == 0
+    assert "select_interval" in type(oracle).__dict__         # overridden, never inherited
+    with pytest.raises(StrategyError):
+        run_mwem([RangeBlock(3)], 1, oracle, MWEMOptions(rounds=2, total=6))
