@@ -110,7 +110,7 @@ def record_of(release_id: int, workload, A, y, noise: str, scale: float,
 def store(con, policy, record: Record, private: bool) -> None:
     """Write a record (inside the caller's transaction: with the release's result tables)."""
     buf = io.BytesIO()
-    sp.save_npz(buf, record.A, compressed=False)   # a hit writes it on every release
+    sp.save_npz(buf, record.A, compressed=False)   # written by every release: kept fast
     parts = json.dumps([[c, u.tolist()] for c, u in record.partitions])
     with engine_errors("storing the release's measurements"):
         con.execute(SCHEMA_SQL)
