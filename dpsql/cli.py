@@ -3,9 +3,10 @@
     dpsql demo [--db PATH]
     dpsql shell DB [-e SQL] [-f FILE] [--csv] [--epsilon E] [--delta D]
     dpsql protect DB POLICY.toml [--table T] [--replace]
-    dpsql run DB SCRIPT.sql [--epsilon E] [--delta D] [--strategy S] [--calibration C]
-                            [--model dp|metric] [--release NAME] [--replace] [--dry-run]
-                            [--csv | --quiet]
+    dpsql run DB SCRIPT.sql [--epsilon E | --target-rmse R | --max-stderr S] [--delta D]
+                            [--strategy S] [--calibration C] [--model dp|metric]
+                            [--confirm] [--nonnegative] [--integer] [--no-reuse]
+                            [--release NAME] [--replace] [--dry-run] [--csv | --quiet]
     dpsql explain DB SCRIPT.sql [same options]      (= run --dry-run)
     dpsql budget DB
     dpsql ledger DB
@@ -69,6 +70,27 @@ def _privacy_args(p: argparse.ArgumentParser) -> None:
                    help="privacy model (default dp; metric: d_X privacy under the table's "
                         "declared metric, epsilon per unit distance, delta 0), unless the "
                         "script sets dpsql.model")
+    p.add_argument("--target-rmse", type=_number, metavar="R",
+                   help="accuracy first, instead of --epsilon: each workload spends the "
+                        "smallest epsilon whose expected RMSE is at most R (only with "
+                        "--confirm or SET dpsql.confirm = true), unless the script sets "
+                        "dpsql.epsilon, dpsql.target_rmse or dpsql.max_stderr")
+    p.add_argument("--max-stderr", type=_number, metavar="S",
+                   help="accuracy first: the smallest epsilon giving every answer a standard "
+                        "error of at most S (as --target-rmse)")
+    p.add_argument("--confirm", action="store_true", default=None,
+                   help="spend the epsilon an accuracy target needs (= SET dpsql.confirm = "
+                        "true; see it first with --dry-run)")
+    p.add_argument("--nonnegative", action="store_true", default=None,
+                   help="answers from non-negative least squares (post-processing, no "
+                        "privacy cost), unless the script sets dpsql.nonnegative")
+    p.add_argument("--integer", action="store_true", default=None,
+                   help="round the answers to integers (post-processing, no privacy cost), "
+                        "unless the script sets dpsql.integer")
+    p.add_argument("--no-reuse", dest="reuse", action="store_false", default=None,
+                   help="measure every workload afresh (= SET dpsql.reuse = false); by "
+                        "default answers come from past releases wherever they are at least "
+                        "as accurate, at no privacy cost, unless the script sets dpsql.reuse")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -233,7 +255,10 @@ def _script(args, *, dry_run: bool) -> int:
     _require_db(args.db)
     script = parse_script(_read_script(args.script), epsilon=args.epsilon, delta=args.delta,
                           strategy=args.strategy, calibration=args.calibration,
-                          model=args.model, release=args.release)
+                          model=args.model, release=args.release,
+                          target_rmse=args.target_rmse, max_stderr=args.max_stderr,
+                          confirm=args.confirm, nonnegative=args.nonnegative,
+                          integer=args.integer, reuse=args.reuse)
     out = _ScriptOutput(args, len(script.workloads))
     with connect(args.db) as db:
         plan = check_script(db, script, replace=args.replace)
@@ -241,8 +266,10 @@ def _script(args, *, dry_run: bool) -> int:
             out.plan(plan)
         if plan.budget_error is not None:
             raise plan.budget_error
-        if dry_run:
+        if dry_run:   # a dry run is how one learns what an unconfirmed target would spend
             return 0
+        if plan.confirm_error is not None:
+            raise plan.confirm_error
         outcomes = run_script(db, plan, replace=args.replace, on_outcome=out.outcome)
         if not (args.csv or args.quiet):
             tables = sorted({o.release.table for o in outcomes})
@@ -282,21 +309,32 @@ class _ScriptOutput:
         self.csv.writerow(header)
 
     def plan(self, plan) -> None:
+        from .scripts import target_text
+
         if self.csv is not None:
             self._block(("workload", "lines", "release", "status", "table", "epsilon", "delta",
                          "strategy", "sigma", "expected_rmse", "n_queries", "n_cells",
                          "model"))
         for item in plan.items:
             w, e, rec = item.workload, item.explanation, item.recorded
-            cost = _cost(w.epsilon, w.delta, w.model)
+            cost = _cost(item.epsilon, item.delta, w.model)
+            if w.target is not None:
+                cost += (f" (the smallest epsilon for {target_text(w)}"
+                         + ("" if w.confirm else "; a run needs SET dpsql.confirm = true")
+                         + ")")
             if self.csv is not None:
-                self.csv.writerow((w.number, w.lines, w.name, "new" if rec is None else
-                                   "recorded", e.table, float(w.epsilon), float(w.delta),
-                                   e.strategy, _csv_number(e.sigma), _csv_number(e.rmse),
-                                   e.n_queries, e.n_cells, w.model))
+                status = "recorded" if rec is not None else "free" if item.free else "new"
+                self.csv.writerow((w.number, w.lines, w.name, status, e.table,
+                                   float(item.epsilon), float(item.delta), e.strategy,
+                                   _csv_number(e.sigma), _csv_number(e.rmse), e.n_queries,
+                                   e.n_cells, w.model))
             elif rec is not None:
                 print(f"{self._head(w)}: already released as release {rec['release_id']}; "
                       "nothing would be charged")
+            elif item.free:
+                print(f"{self._head(w)}: past releases answer it; nothing would be charged"
+                      + (f" (strategy reuse, expected RMSE {_rmse(e.rmse)})" if self.quiet
+                         else f"\n{e}\n"))
             elif self.quiet:
                 print(f"{self._head(w)}: would charge {cost} on {e.table}; strategy "
                       f"{e.strategy}, expected RMSE {_rmse(e.rmse)}")
@@ -326,10 +364,13 @@ class _ScriptOutput:
             return
         if r.reused:
             what = f"already released as release {r.release_id}, nothing charged"
+        elif r.strategy == "reuse":
+            what = (f"answered from past releases as release {r.release_id} on {r.table}, "
+                    "nothing charged")
         else:
             what = f"released as release {r.release_id} on {r.table}"
         if self.quiet:
-            cost = ("" if r.reused else
+            cost = ("" if r.reused or r.strategy == "reuse" else
                     f" ({_cost(r.epsilon, r.delta, w.model)}, strategy {r.strategy})")
             print(f"{self._head(w)}: {what}{cost}; tables: {', '.join(r.tables)}", flush=True)
         else:

@@ -2,11 +2,15 @@
 
 Each ``execute``/``executemany`` is ONE release (one workload, one ledger charge of the
 connection's current epsilon/delta, committed before any number is returned); a refused
-request charges nothing. Parameters (qmark) are bound as literals in sqlglot's syntax tree,
-never by string formatting. ``threadsafety = 2``: threads may share the module and
-connections, not cursors (a Session holds a per-file lock for each whole request, and a
-connection's settings are read once per execute under its own lock). Design, error mapping
-and compliance: docs/dbapi.md.
+request charges nothing. Accuracy first: a connection set with ``target_rmse`` or
+``max_stderr`` instead of ``epsilon`` spends the smallest epsilon meeting it, only with
+``confirm=True`` (``cursor.explain`` shows that epsilon first). With ``reuse`` (the
+default) an execute is answered from past releases wherever they are at least as accurate:
+a batch they answer in full is recorded at zero cost. Parameters (qmark) are bound
+as literals in sqlglot's syntax tree, never by string formatting. ``threadsafety = 2``:
+threads may share the module and connections, not cursors (a Session holds a per-file lock
+for each whole request, and a connection's settings are read once per execute under its own
+lock). Design, error mapping and compliance: docs/dbapi.md.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from sqlglot import exp
 from . import errors as dp
 from .session import InterruptedAfterRelease, Session
 from .sql.parse import split_statements
-from .scripts import check_model, check_strategy
+from .scripts import check_asks, check_flag, check_model, check_strategy, check_target
 
 apilevel = "2.0"
 threadsafety = 2
@@ -254,26 +258,48 @@ class _Template:
 
 # --------------------------------------------------------------------------- connection
 
-def _validated(epsilon, delta, strategy, calibration, model) -> dict:
+def _validated(epsilon, delta, strategy, calibration, model, target_rmse=None,
+               max_stderr=None, confirm=False, nonnegative=False, integer=False,
+               reuse=True) -> dict:
     """The settings, checked together (all or nothing); strategy and model normalised.
 
     ``delta = 0`` asks for pure epsilon-DP; a strategy may carry options
     (``eigen(principal_vectors=32)``, ``mwem(rounds=20)``); ``model="metric"`` asks for d_X
-    privacy, which needs ``delta = 0`` and strategy ``auto`` or ``dx_laplace``."""
+    privacy, which needs ``delta = 0`` and strategy ``auto`` or ``dx_laplace``. Exactly one
+    of ``epsilon``, ``target_rmse`` and ``max_stderr`` is set (the others None)."""
     with _backend():
-        _, dlt = Session._privacy(epsilon, delta, calibration)
+        check_asks(epsilon, target_rmse, max_stderr)
+        targets = {k: None if v is None else check_target(v, k)
+                   for k, v in (("target_rmse", target_rmse), ("max_stderr", max_stderr))}
+        flags = {k: check_flag(v, k) for k, v in (("confirm", confirm),
+                                                  ("nonnegative", nonnegative),
+                                                  ("integer", integer),
+                                                  ("reuse", reuse))}
         strategy = check_strategy(strategy)
         model = check_model(model)
+        Session._objective(epsilon, targets["target_rmse"], targets["max_stderr"], model,
+                           strategy)
+        _, dlt = Session._privacy(1 if epsilon is None else epsilon, delta, calibration)
         Session._model(model, dlt, strategy)
     return {"epsilon": epsilon, "delta": delta, "strategy": strategy,
-            "calibration": calibration, "model": model}
+            "calibration": calibration, "model": model, **targets, **flags}
+
+
+#: settings :meth:`Session.explain` takes (the others only matter when spending)
+_EXPLAIN_SETTINGS = ("epsilon", "delta", "strategy", "calibration", "model", "target_rmse",
+                     "max_stderr", "reuse")
 
 
 def connect(database, **settings) -> "Connection":
     """``connect(database, *, epsilon, delta, strategy="auto", calibration="analytic",
-    model="dp", lock_timeout=30.0)``: every execute charges (epsilon, delta); change them in
-    between. ``delta=0`` is pure epsilon-DP; ``model="metric"`` charges epsilon per unit
-    distance to the table's metric (d_X) budget."""
+    model="dp", target_rmse=None, max_stderr=None, confirm=False, nonnegative=False,
+    integer=False, reuse=True, lock_timeout=30.0)``: every execute charges (epsilon, delta);
+    change them in between. ``delta=0`` is pure epsilon-DP; ``model="metric"`` charges
+    epsilon per unit distance to the table's metric (d_X) budget. Accuracy first:
+    ``target_rmse`` or ``max_stderr`` instead of ``epsilon`` (with ``confirm=True`` to spend
+    what it needs). ``nonnegative`` / ``integer``: consistent answers (post-processing, no
+    privacy cost). ``reuse=False``: measure every execute afresh (by default answers come
+    from past releases wherever they are at least as accurate, at no privacy cost)."""
     return Connection(database, **settings)
 
 
@@ -295,14 +321,17 @@ class Connection:
     InternalError, ProgrammingError = InternalError, ProgrammingError
     NotSupportedError, BudgetExceeded = NotSupportedError, BudgetExceeded
 
-    def __init__(self, database, *, epsilon, delta, strategy="auto", calibration="analytic",
-                 model="dp", lock_timeout: float = 30.0):
+    def __init__(self, database, *, epsilon=None, delta, strategy="auto",
+                 calibration="analytic", model="dp", target_rmse=None, max_stderr=None,
+                 confirm=False, nonnegative=False, integer=False, reuse=True,
+                 lock_timeout: float = 30.0):
         try:
             path = os.fspath(database)
         except TypeError:
             raise ProgrammingError(f"database must be a path, got "
                                    f"{type(database).__name__}") from None
-        self._settings = _validated(epsilon, delta, strategy, calibration, model)
+        self._settings = _validated(epsilon, delta, strategy, calibration, model, target_rmse,
+                                    max_stderr, confirm, nonnegative, integer, reuse)
         self._lock = threading.Lock()
         self._cursors: weakref.WeakSet = weakref.WeakSet()
         self.closed = False
@@ -316,18 +345,28 @@ class Connection:
     calibration = _setting("calibration", "'analytic' (default) or 'classic' (ε < 1 only).")
     model = _setting("model", "'dp' (default) or 'metric' (d_X privacy: ε per unit distance, "
                               "δ = 0, charged to the table's metric budget).")
+    target_rmse = _setting("target_rmse", "Accuracy first, instead of epsilon (None): spend the "
+                                          "smallest ε whose expected RMSE is at most this.")
+    max_stderr = _setting("max_stderr", "Accuracy first, instead of epsilon (None): the "
+                                        "smallest ε giving every answer this standard error.")
+    confirm = _setting("confirm", "True: spend the ε an accuracy target needs (False: such an "
+                                  "execute is refused with that ε; nothing is charged).")
+    nonnegative = _setting("nonnegative", "True: answers from non-negative least squares.")
+    integer = _setting("integer", "True: answers rounded to integers.")
+    reuse = _setting("reuse", "True (default): answer from past releases wherever they are at "
+                              "least as accurate (no privacy cost); False: measure afresh.")
 
     @check_closed
     def configure(self, **changes) -> None:
-        """Change several settings at once (validated together; all or nothing)."""
+        """Change several settings at once (validated together; all or nothing), e.g.
+        ``configure(epsilon=None, target_rmse=50, confirm=True)`` to ask by accuracy."""
         unknown = set(changes) - set(self._settings)
         if unknown:
             raise ProgrammingError(f"unknown setting(s) {sorted(unknown)}; settings are "
                                    f"{sorted(self._settings)}")
         with self._lock:
             new = dict(self._settings, **changes)
-            self._settings = _validated(new["epsilon"], new["delta"], new["strategy"],
-                                        new["calibration"], new["model"])
+            self._settings = _validated(**new)
 
     def _snapshot(self) -> dict:
         with self._lock:
@@ -423,11 +462,14 @@ class Cursor:
 
     @check_closed
     def explain(self, operation: str, parameters: Sequence | None = None):
-        """Expected accuracy under the connection's settings: reads no data, charges nothing."""
+        """Expected accuracy under the connection's settings: reads no data, charges nothing.
+        With an accuracy target, the explanation is at the smallest ε meeting it (its
+        ``epsilon`` is what an execute with ``confirm=True`` would spend)."""
         sql = _Template(operation).bind(parameters)
         s = self.connection._snapshot()
         with _backend():
-            return self.connection._session.explain(sql, **s)
+            return self.connection._session.explain(
+                sql, **{k: v for k, v in s.items() if k in _EXPLAIN_SETTINGS})
 
     def _answer(self, sql: str | list[str]) -> "Cursor":
         settings = self.connection._snapshot()

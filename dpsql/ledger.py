@@ -74,6 +74,9 @@ SCHEMA_SQL = [
     "ALTER TABLE dpsql.ledger ADD COLUMN IF NOT EXISTS metric_epsilon_exact VARCHAR",
     "ALTER TABLE dpsql.ledger ADD COLUMN IF NOT EXISTS request VARCHAR",
     "ALTER TABLE dpsql.ledger ADD COLUMN IF NOT EXISTS reused_from VARCHAR",
+    # a new value each time the owner (re-)protects the table: past releases' measurements
+    # are reused only within one epoch (after reloading the data, protect(replace=True))
+    "ALTER TABLE dpsql.policies ADD COLUMN IF NOT EXISTS data_epoch VARCHAR",
     """CREATE TABLE IF NOT EXISTS dpsql.release_tables (
         release_id BIGINT NOT NULL,
         statement_index INTEGER NOT NULL,
@@ -117,11 +120,12 @@ def save_policy(con, policy: TablePolicy, *, replace: bool = False) -> None:
                 raise PolicyError(
                     f"table {policy.table!r} is already protected; pass replace=True to change "
                     "its policy (its ledger is kept and still counts against the new budget)")
-            con.execute("UPDATE dpsql.policies SET policy = ? WHERE table_name = ?",
+            con.execute("UPDATE dpsql.policies SET policy = ?, data_epoch = "
+                        "CAST(uuid() AS VARCHAR) WHERE table_name = ?",
                         [policy.to_json(), policy.table])
         else:
-            con.execute("INSERT INTO dpsql.policies (table_name, policy) VALUES (?, ?)",
-                        [policy.table, policy.to_json()])
+            con.execute("INSERT INTO dpsql.policies (table_name, policy, data_epoch) "
+                        "VALUES (?, ?, CAST(uuid() AS VARCHAR))", [policy.table, policy.to_json()])
 
 
 def load_policies(con) -> dict[str, TablePolicy]:

@@ -76,12 +76,21 @@ class Record:
         return self.scale ** 2 if self.noise == "gaussian" else 2.0 * self.scale ** 2
 
 
-def domain_fingerprint(policy) -> str:
-    """A hash of the table's declared domains: releases over other domains are not reused."""
-    doc = json.dumps({"table": policy.table,
+def domain_fingerprint(policy, epoch: str | None = None) -> str:
+    """A hash of the table's declared domains and its data epoch: releases over other domains,
+    or made before the owner last (re-)protected the table (e.g. after reloading its data),
+    are not reused."""
+    doc = json.dumps({"table": policy.table, "epoch": epoch,
                       "columns": [[c, d.describe()] for c, d in policy.columns]},
                      sort_keys=True, default=str)
     return hashlib.sha256(doc.encode()).hexdigest()
+
+
+def _epoch(con, policy) -> str | None:
+    """The table's data epoch (public: set by the owner's protect, never by the data)."""
+    row = con.execute("SELECT data_epoch FROM dpsql.policies WHERE table_name = ?",
+                      [policy.table]).fetchone()
+    return None if row is None else row[0]
 
 
 def record_of(release_id: int, workload, A, y, noise: str, scale: float,
@@ -115,7 +124,8 @@ def store(con, policy, record: Record, private: bool) -> None:
     with engine_errors("storing the release's measurements"):
         con.execute(SCHEMA_SQL)
         con.execute("INSERT INTO dpsql.measurements VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [record.release_id, policy.table, domain_fingerprint(policy),
+                    [record.release_id, policy.table,
+                     domain_fingerprint(policy, _epoch(con, policy)),
                      bool(private), parts, record.noise, record.scale, buf.getvalue(),
                      record.y.astype("<f8").tobytes()])
 
@@ -135,7 +145,8 @@ def load(con, policy, private: bool) -> list[Record]:
             "FROM dpsql.measurements m JOIN dpsql.ledger l USING (release_id) "
             "WHERE m.table_name = ? AND m.domain_fingerprint = ? AND m.private = ? "
             "AND l.status = 'released' ORDER BY m.release_id",
-            [policy.table, domain_fingerprint(policy), bool(private)]).fetchall()
+            [policy.table, domain_fingerprint(policy, _epoch(con, policy)),
+             bool(private)]).fetchall()
     out = []
     for rid, parts, noise, scale, blob, yb in rows:
         try:

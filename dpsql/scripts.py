@@ -6,8 +6,22 @@ appear anywhere. A statement is either a *setting* or a *query*:
 - ``SET dpsql.<name> = <value>;`` (``TO`` works too) where name is ``epsilon`` or ``delta``
   (a number literal; ``delta = 0`` asks for pure epsilon-DP), ``strategy`` (a spec such as
   ``'eigen(principal_vectors=32)'`` or ``'mwem(rounds=20)'``), ``calibration``, ``model``
-  (``'dp'`` or ``'metric'``) or ``release`` (a string literal). Any other ``SET`` is refused
-  with its line and column.
+  (``'dp'`` or ``'metric'``) or ``release`` (a string literal); ``target_rmse`` or
+  ``max_stderr`` (a positive number: accuracy first, the workload spends the smallest
+  epsilon whose expected RMSE, or every answer's standard error, meets it; it replaces
+  ``epsilon``, and setting both for the same queries is refused); ``confirm``,
+  ``nonnegative``, ``integer``, ``reuse`` (``true`` or ``false``). Any other ``SET`` is
+  refused with its line and column.
+- **Accuracy first spends only when confirmed.** A workload with a target is checked like
+  any other, and its epsilon is the one :meth:`Session.explain` finds; unless
+  ``SET dpsql.confirm = true;`` is in effect for it, the script is refused before anything
+  is spent, with the epsilon each such workload needs (``dpsql run --dry-run`` shows them).
+  ``nonnegative`` / ``integer`` are the consistency post-processing of
+  :meth:`Session.answer` (no privacy cost).
+- **Reuse** (on unless ``SET dpsql.reuse = false;`` or ``dpsql run --no-reuse``): a workload
+  is answered from the stored measurements of past releases wherever they answer a query at
+  least as accurately as the workload's own request would; a workload answered entirely
+  from the past is recorded at zero cost, and the budget check counts nothing for it.
 - a query: anything :meth:`Session.answer` accepts (``SELECT ... COUNT(*) ...``,
   ``CREATE [OR REPLACE] TABLE name AS SELECT ...``).
 
@@ -16,8 +30,8 @@ appear anywhere. A statement is either a *setting* or a *query*:
 that follows a query ends the current workload; the next query starts a new one. Settings
 carry over from one workload to the next until changed. A ``SET`` followed by no query is
 refused (it would have no effect). The caller's defaults (the command line's ``--epsilon``,
-``--delta``, ``--strategy``, ``--calibration``, ``--model``) apply until a ``SET`` overrides them; the
-caller's ``release`` overrides every ``SET dpsql.release``.
+``--delta``, ``--strategy``, ``--calibration``, ``--model``, ``--target-rmse``, ...) apply until a
+``SET`` overrides them; the caller's ``release`` overrides every ``SET dpsql.release``.
 
 **Re-run rule.** Workload ``k`` (numbered from 1 in the script) is released under the name
 ``<release>/<k>``, where ``<release>`` is the release in effect for it, or, when there is
@@ -30,7 +44,8 @@ refused. A new edition of a report needs a new release name.
 **Checks before anything is spent** (:func:`check_script`): syntax, settings, the
 allow-list and compilation of every workload (``Session.explain``), release names, result
 table names, and that the budget left covers all the workloads still to be charged (metric
-workloads: the table's separate metric budget, epsilon per unit distance). Only
+workloads: the table's separate metric budget, epsilon per unit distance; a workload that
+past releases already answer in full counts nothing). Only
 what cannot be foreseen (another process spending the budget meanwhile, a database
 failure) can stop a script halfway; :func:`run_script` then raises :class:`ScriptError`
 naming what was released before, which stays released and recorded.
@@ -38,6 +53,7 @@ naming what was released before, which stays released and recorded.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Callable
@@ -46,28 +62,34 @@ from sqlglot import exp
 
 from . import engine, ledger
 from .accounting import PrivacyCost, check_budget
-from .errors import BudgetExceededError, DpsqlError
+from .errors import BudgetExceededError, DpsqlError, show_exact
 from .results import Explanation, Release
 from .session import InterruptedAfterRelease, Session, request_matches
+from .release_support import _flags
 from .sql.script import (MODELS, SETTINGS, Script, ScriptError, ScriptWorkload, Statement,
-                         check_model)
+                         check_asks, check_flag, check_model, check_target)
 from .sql.script import parse_script as _parse_script
 
 __all__ = ["MODELS", "Outcome", "Plan", "PlannedWorkload", "SETTINGS", "Script",
-           "ScriptError", "ScriptInterrupted", "ScriptWorkload", "Statement", "check_model",
-           "check_script", "check_strategy", "parse_script", "run", "run_script"]
+           "ScriptError", "ScriptInterrupted", "ScriptWorkload", "Statement", "check_asks",
+           "check_flag", "check_model", "check_script", "check_strategy", "check_target",
+           "parse_script", "run", "run_script"]
 
 
 def check_strategy(value) -> str:
     """A strategy setting, validated when it is set (shell, DB-API, scripts): ``auto``, a
     strategy spec with options (``eigen(principal_vectors=32)``, ``mwem(rounds=20)``;
-    :func:`dpsql.selection.check_spec`) or ``dx_laplace`` (the metric model's mechanism).
+    :func:`dpsql.selection.check_spec`) or a metric model's mechanism (``dx_laplace``,
+    ``dx_mwem(...)``, ``dx_smalldb(size=m)``; :func:`dpsql.adaptive.check_dx_spec`).
     Which noise family applies is decided by delta and the model when the request runs.
     Raises :class:`~dpsql.errors.StrategyError`."""
+    from .adaptive import check_dx_spec
     from .selection import check_spec
 
     if isinstance(value, str) and value.strip().lower() == "dx_laplace":
         return "dx_laplace"
+    if isinstance(value, str) and value.strip().lower().startswith("dx_"):
+        return check_dx_spec(value)          # dx_mwem(...), dx_smalldb(size=m)
     return check_spec(value)
 
 
@@ -75,9 +97,10 @@ def parse_script(text: str, **defaults) -> Script:
     """Split a script into workloads (:func:`dpsql.sql.script.parse_script`; no database),
     with every strategy setting fully checked and written as the ledger records it.
 
-    ``defaults``: ``epsilon``, ``delta``, ``strategy``, ``calibration``, ``model`` (the
-    command line's defaults, overridden by the script's ``SET``) and ``release`` (overrides
-    every ``SET dpsql.release``)."""
+    ``defaults``: ``epsilon``, ``delta``, ``strategy``, ``calibration``, ``model``,
+    ``target_rmse``, ``max_stderr``, ``confirm``, ``nonnegative``, ``integer``, ``reuse``
+    (the command line's defaults, overridden by the script's ``SET``) and ``release``
+    (overrides every ``SET dpsql.release``)."""
     script = _parse_script(text, check_strategy=check_strategy, **defaults)
     workloads = tuple(replace(w, strategy=_canonical(w.strategy, w.delta, w.model))
                       for w in script.workloads)
@@ -114,6 +137,41 @@ class PlannedWorkload:
     explanation: Explanation
     recorded: dict | None        # ledger entry when already released under its name
 
+    @property
+    def epsilon(self) -> Fraction:
+        """The epsilon this workload spends: its own, or (accuracy first) the smallest one
+        meeting its target, as :meth:`Session.explain` found it; for a workload already
+        released under its name, the epsilon recorded then."""
+        if self.workload.epsilon is not None:
+            return self.workload.epsilon
+        if self.recorded is not None:
+            request = self.recorded.get("request")
+            return (Fraction(json.loads(request)["epsilon"]) if request
+                    else Fraction(repr(self.recorded["epsilon"])))
+        return Fraction(repr(self.explanation.epsilon))
+
+    def answer_params(self) -> dict:
+        """What :meth:`Session.answer` is asked. A recorded accuracy-first workload asks by
+        its recorded epsilon: the recorded answers come back, never re-noised (the epsilon
+        a target needs can change once past releases are there to combine with)."""
+        params = self.workload.answer_params()
+        if self.workload.target is not None and self.recorded is not None:
+            del params[self.workload.target[0]]
+            params["epsilon"] = self.epsilon
+        return params
+
+    @property
+    def delta(self) -> Fraction:
+        """The delta this workload spends: none when its noise is not Gaussian (``auto``
+        may choose Laplace noise, which spends epsilon only)."""
+        return self.workload.delta if self.explanation.mechanism == "gaussian" else Fraction(0)
+
+    @property
+    def free(self) -> bool:
+        """Not yet released, and past releases answer all of it (reuse): it charges nothing.
+        Earlier workloads of the same script can only add to what is free when it runs."""
+        return self.recorded is None and self.explanation.mechanism == "reuse"
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -124,6 +182,7 @@ class Plan:
     budget_error: DpsqlError | None
     to_charge_metric: dict = field(default_factory=dict)  # table -> metric epsilon to charge
     remaining_metric: dict = field(default_factory=dict)  # table -> metric epsilon left
+    confirm_error: DpsqlError | None = None  # accuracy targets without SET dpsql.confirm
 
 
 @dataclass(frozen=True)
@@ -138,20 +197,44 @@ class Outcome:
 def check_script(session: Session, script: Script, *, replace: bool = False) -> Plan:
     """Everything a run checks before it spends: reads no data, charges nothing.
 
-    Raises on the first problem, except a budget shortfall, which is returned in
-    ``Plan.budget_error`` so that a dry run can still show the expected errors.
+    Raises on the first problem, except a budget shortfall and accuracy targets not
+    confirmed, which are returned in ``Plan.budget_error`` and ``Plan.confirm_error`` so
+    that a dry run can still show the expected errors and the epsilon each target needs.
     """
     by_name = {e["release_name"]: e for e in session.ledger() if e.get("release_name")}
     items = []
     for w in script.workloads:
         expl = _explain(session, script, w)
         entry = by_name.get(w.name)
+        item = PlannedWorkload(w, expl, entry)
         if entry is not None:
-            _check_recorded(w, entry)
-        items.append(PlannedWorkload(w, expl, entry))
+            _check_recorded(item)
+        items.append(item)
     _check_tables(session, items, replace)
     to_charge, remaining, metric, metric_left, error = _check_budget(session, items)
-    return Plan(script, tuple(items), to_charge, remaining, error, metric, metric_left)
+    return Plan(script, tuple(items), to_charge, remaining, error, metric, metric_left,
+                _check_confirmed(items))
+
+
+def target_text(w: ScriptWorkload) -> str:
+    """An accuracy target as a script sets it: ``target_rmse = 50``."""
+    return f"{w.target[0]} = {w.target[1]:g}"
+
+
+def _check_confirmed(items) -> ScriptError | None:
+    """Workloads asking by an accuracy target spend only with SET dpsql.confirm = true."""
+    unconfirmed = [item for item in items if item.workload.target is not None
+                   and not item.workload.confirm and item.recorded is None and item.epsilon]
+    if not unconfirmed:
+        return None
+    needs = "; ".join(
+        f"{item.workload.label} asks for {target_text(item.workload)}, which needs "
+        f"epsilon = {show_exact(item.epsilon)} (delta = {float(item.delta):g}, "
+        f"strategy {item.explanation.strategy})" for item in unconfirmed)
+    return ScriptError(
+        f"{needs}; an accuracy target spends only when confirmed: put SET dpsql.confirm = "
+        "true; before its queries (or pass --confirm); nothing was charged",
+        workload=unconfirmed[0].workload.number)
 
 
 def _explain(session: Session, script: Script, w: ScriptWorkload) -> Explanation:
@@ -180,8 +263,8 @@ def _located_text(text: str, w: ScriptWorkload) -> str:
 
 def _new_edition_hint(w: ScriptWorkload) -> str:
     if w.named_by == "digest":
-        return ("the name comes from the script's text, so the difference is in epsilon, "
-                "delta, strategy, calibration or model given on the command line; use the "
+        return ("the name comes from the script's text, so the difference is in the privacy "
+                "options given on the command line (epsilon, delta, strategy, ...); use the "
                 "same ones, or pass --release NAME to publish a new edition")
     if w.named_by == "caller":
         return "pass another --release NAME to publish a new edition"
@@ -192,11 +275,12 @@ def _recorded_metric(entry: dict) -> bool:
     return entry.get("metric_epsilon") is not None
 
 
-def _check_recorded(w: ScriptWorkload, entry: dict) -> None:
+def _check_recorded(item: PlannedWorkload) -> None:
+    w, entry = item.workload, item.recorded
     metric = _recorded_metric(entry)
     epsilon = entry["metric_epsilon"] if metric else entry["epsilon"]
-    same = request_matches(entry, ";\n".join(w.sql), w.epsilon, w.delta, w.strategy,
-                           w.calibration, w.model)
+    same = request_matches(entry, ";\n".join(w.sql), item.epsilon, w.delta, w.strategy,
+                           w.calibration, w.model, _flags(w.nonnegative, w.integer))
     if not same:
         recorded = (f"metric epsilon={epsilon:g}" if metric else
                     f"epsilon={epsilon:g}, delta={entry['delta']:g}")
@@ -237,6 +321,8 @@ def _check_tables(session: Session, items, replace: bool) -> None:
             if item.recorded is not None:
                 for table in item.recorded["result_tables"] or []:
                     _check_still_recorded(con, w, item.recorded["release_id"], table)
+                if w.target is not None:
+                    _check_recorded_target(con, item)
                 continue
             for name, or_replace, st in _targets(w):
                 if not engine.table_exists(con, name):
@@ -269,6 +355,26 @@ def _check_still_recorded(con, w: ScriptWorkload, release_id: int, table: str) -
             f"{_new_edition_hint(w)}", workload=w.number)
 
 
+def _check_recorded_target(con, item: PlannedWorkload) -> None:
+    """A recorded accuracy-first release is returned again only if it meets the target."""
+    w, entry = item.workload, item.recorded
+    key, target = w.target
+    if key == "target_rmse":
+        error, what = entry["expected_rmse"], "an expected RMSE"
+    else:
+        error, what = 0.0, "a largest standard error"
+        for table in entry["result_tables"] or []:
+            with engine.engine_errors("reading a result table"):
+                (worst,) = con.execute(f"SELECT max(stderr) FROM main."
+                                       f"{engine.quote_ident(table)}").fetchone()
+            error = max(error, worst if worst is not None else float("inf"))
+    if error is None or not error <= target * (1 + 1e-9):
+        raise ScriptError(
+            f"{w.label}: release {w.name!r} (release {entry['release_id']}) is recorded with "
+            f"{what} of {error:.4g}, which does not meet {target_text(w)}; nothing was "
+            f"charged; {_new_edition_hint(w)}", workload=w.number)
+
+
 def _check_budget(session: Session, items):
     """(to_charge, remaining, metric to_charge, metric remaining, error): the workloads still
     to release, summed per table (standard (epsilon, delta) and, for metric workloads, the
@@ -277,13 +383,13 @@ def _check_budget(session: Session, items):
     metric: dict[str, Fraction] = {}
     users: dict[tuple, list[int]] = {}
     for item in items:
-        if item.recorded is None:
+        if item.recorded is None and not item.free:
             t, w = item.explanation.table, item.workload
             if w.model == "metric":
-                metric[t] = metric.get(t, Fraction(0)) + Fraction(w.epsilon)
+                metric[t] = metric.get(t, Fraction(0)) + Fraction(item.epsilon)
             else:
                 to_charge[t] = (to_charge.get(t, PrivacyCost.zero())
-                                + PrivacyCost(w.epsilon, w.delta))
+                                + PrivacyCost(item.epsilon, item.delta))
             users.setdefault((t, w.model == "metric"), []).append(w.number)
     budgets = session.budget() if (to_charge or metric) else {}
     remaining = {t: PrivacyCost(budgets[t]["epsilon_remaining"], budgets[t]["delta_remaining"])
@@ -328,15 +434,17 @@ def run_script(session: Session, plan: Plan, *, replace: bool = False,
     stops the script with :class:`ScriptError`; Ctrl-C with :class:`ScriptInterrupted`.
     Either way, what was released before stays released and recorded.
     """
-    if plan.budget_error is not None:
-        raise plan.budget_error
+    for error in (plan.confirm_error, plan.budget_error):
+        if error is not None:
+            raise error
     done: list[Outcome] = []
     items = plan.items
     try:
         for i, item in enumerate(items):
             w = item.workload
             try:
-                release = session.answer(w.sql, name=w.name, replace=replace, **w.params())
+                release = session.answer(w.sql, name=w.name, replace=replace,
+                                         **item.answer_params())
             except InterruptedAfterRelease as exc:
                 done.append(Outcome(w, exc.release))
                 if on_outcome is not None:
@@ -370,7 +478,7 @@ def _kept(done: list[Outcome], not_run) -> str:
 
 
 def run(session: Session, text: str, *, replace: bool = False, **defaults) -> list[Outcome]:
-    """Parse, check and run a script in one call (``defaults``: epsilon, delta, strategy,
-    calibration, model, release)."""
+    """Parse, check and run a script in one call (``defaults``: those of
+    :func:`parse_script`)."""
     script = parse_script(text, **defaults)
     return run_script(session, check_script(session, script, replace=replace), replace=replace)

@@ -131,3 +131,61 @@ def test_pure_dp_strategy_specs_and_the_metric_model(tmp_path):
     out = dpsql("run", db, "-", "--epsilon", 0.5, "--delta", 0, "--model", "sideways",
                 stdin=AGE_RANGES)
     assert out.returncode == 2 and "--model" in out.stderr
+
+
+def test_accuracy_first_options_are_wired(tmp_path):
+    import shutil
+
+    for command in ("run", "shell"):
+        out = dpsql(command, "--help")
+        assert out.returncode == 0
+        for option in ("--target-rmse", "--max-stderr", "--confirm", "--nonnegative",
+                       "--integer", "--no-reuse"):
+            assert option in out.stdout, (command, option)
+    db = tmp_path / "cli.duckdb"
+    shutil.copyfile(raw_adult_file(), db)
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY)
+    assert dpsql("protect", db, policy).returncode == 0
+    sql = "SELECT sex, COUNT(*) FROM adult GROUP BY sex"
+    out = dpsql("explain", db, "-", "--delta", 1e-6, "--target-rmse", 60, stdin=sql)
+    assert out.returncode == 0 and "the smallest epsilon for target_rmse = 60" in out.stdout
+    out = dpsql("run", db, "-", "--delta", 1e-6, "--target-rmse", 60, stdin=sql)
+    assert out.returncode == 2 and out.stderr.startswith("error: workload 1 (line 1) asks "
+                                                         "for target_rmse = 60, which needs")
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    out = dpsql("shell", db, "--delta", 1e-6, "--target-rmse", 60, "-e", sql + ";",
+                stdin="")
+    assert out.returncode == 2 and "no terminal to confirm on" in out.stderr
+    assert len(dpsql("ledger", db).stdout.strip().splitlines()) == 2   # header only
+    out = dpsql("shell", db, "--delta", 1e-6, "--target-rmse", 60, "--confirm", "-e",
+                sql + ";", stdin="")
+    assert out.returncode == 0 and "charged epsilon=" in out.stdout, out.stderr
+
+
+def test_reuse_and_no_reuse_from_the_command_line(tmp_path):
+    import shutil
+
+    db = tmp_path / "cli.duckdb"
+    shutil.copyfile(raw_adult_file(), db)
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY)
+    assert dpsql("protect", db, policy).returncode == 0
+    sql = "SELECT sex, COUNT(*) FROM adult GROUP BY sex;"
+    first = dpsql("run", db, "-", "--epsilon", 0.2, "--delta", 1e-6, "--quiet", stdin=sql)
+    assert first.returncode == 0, first.stderr
+    # the same query again under another name: answered from release 1, nothing charged
+    again = dpsql("run", db, "-", "--epsilon", 0.2, "--delta", 1e-6, "--release", "again",
+                  "--quiet", stdin=sql)
+    assert again.returncode == 0 and "answered from past releases as release 2" in \
+        again.stdout, again.stderr
+    fresh = dpsql("run", db, "-", "--epsilon", 0.2, "--delta", 1e-6, "--release", "fresh",
+                  "--no-reuse", "--quiet", stdin=sql)
+    assert fresh.returncode == 0 and "released as release 3 on adult (epsilon=0.2" in \
+        fresh.stdout, fresh.stderr
+    shell = dpsql("shell", db, "--epsilon", 0.1, "--delta", 1e-6, "--no-reuse", "-e", sql,
+                  "-e", "\\set reuse", stdin="")
+    assert shell.returncode == 0 and "charged epsilon=0.1 " in shell.stdout, shell.stderr
+    assert "reuse = off" in shell.stdout
+    entries = dpsql("ledger", db).stdout.strip().splitlines()[2:]
+    assert [line.split()[5] for line in entries] == ["0.2", "0", "0.2", "0.1"]

@@ -164,14 +164,18 @@ def test_each_execute_is_one_charge_with_the_current_settings(conn):
     cur = conn.cursor()
     cur.execute("SELECT COUNT(*) FROM adult")
     conn.epsilon = 0.2
-    conn.configure(delta=1e-9, strategy="identity")
+    # reuse off: the first release (Laplace at 0.1) answers this query more accurately
+    # than Gaussian noise at 0.2 would, so with reuse on it would be free (see
+    # test_dbapi_settings.py)
+    conn.configure(delta=1e-9, strategy="identity", reuse=False)
     cur.execute("SELECT COUNT(*) FROM adult")
     first, second = ledger(conn)[-2:]
     assert (first["epsilon"], second["epsilon"]) == (0.1, 0.2)
     assert second["delta"] == 1e-9 and second["strategy"] == "identity"
     assert conn.session.budget("adult")["epsilon_spent"] == Fraction(3, 10)
     assert cur.release.release_id == second["release_id"]
-    assert (conn.epsilon, conn.delta, conn.strategy) == (0.2, 1e-9, "identity")
+    assert (conn.epsilon, conn.delta, conn.strategy, conn.reuse) == (0.2, 1e-9, "identity",
+                                                                     False)
 
 
 def test_settings_are_validated_on_assignment(conn):
@@ -497,6 +501,7 @@ def test_budget_exceeded_is_an_operational_error(tmp_path):
         cur = c.cursor()
         cur.execute("SELECT COUNT(*) FROM adult")
         before = snapshot(c.session)
+        c.reuse = False          # measured afresh: it needs another 0.2
         with pytest.raises(dbapi.BudgetExceeded) as info:
             cur.execute("SELECT COUNT(*) FROM adult")
         assert isinstance(info.value, dbapi.OperationalError)
@@ -504,6 +509,12 @@ def test_budget_exceeded_is_an_operational_error(tmp_path):
         assert (info.value.spent, info.value.requested, info.value.limit) == (
             Fraction(1, 5), Fraction(1, 5), Fraction(3, 10))
         assert snapshot(c.session) == before
+        # with reuse on, the repeated query is answered from the first release: it needs
+        # no budget at all
+        c.reuse = True
+        cur.execute("SELECT COUNT(*) FROM adult")
+        assert (cur.release.epsilon, cur.release.strategy) == (0.0, "reuse")
+        assert c.session.budget("adult")["epsilon_spent"] == Fraction(1, 5)
 
 
 @pytest.mark.parametrize("error, mapped", [

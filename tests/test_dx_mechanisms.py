@@ -442,3 +442,17 @@ def test_named_release_is_returned_again_without_a_charge(tmp_path):
 
 def test_dx_mechanisms_module_is_public_only():
     assert not (_closure("dpsql.dx_mechanisms") & FORBIDDEN)
+
+
+def test_scripts_and_interfaces_accept_the_metric_strategies():
+    from dpsql.errors import StrategyError
+    from dpsql.scripts import check_strategy, parse_script
+
+    assert check_strategy("dx_mwem(rounds=5)") == "dx_mwem(rounds=5)"
+    assert check_strategy("dx_smalldb(size=5)") == "dx_smalldb(size=5)"
+    with pytest.raises(StrategyError, match="dx_bogus"):
+        check_strategy("dx_bogus")
+    script = parse_script("SET dpsql.model = 'metric'; SET dpsql.delta = 0; "
+                          "SET dpsql.epsilon = 1; SET dpsql.strategy = 'dx_smalldb(size=4)';"
+                          "\nSELECT COUNT(*) FROM adult WHERE age < 30;")
+    assert script.workloads[0].strategy == "dx_smalldb(size=4)"

@@ -239,3 +239,13 @@ def test_a_changed_domain_is_not_reused(db):
     db.protect("adult", policy, replace=True)
     e = db.explain(SEX_RACE, epsilon=0.5, delta=0, strategy="identity")
     assert e.reused_from == ()
+
+
+def test_reprotecting_the_table_starts_a_new_data_epoch(db):
+    """After the owner reloads the data and protects the table again (same domains), past
+    measurements describe the old rows: they are not reused."""
+    db.answer(SEX_RACE, epsilon=0.5, delta=0, strategy="identity")
+    assert db.explain(SEX_RACE, epsilon=0.5, delta=0, strategy="identity").reused_from == (1,)
+    db.protect("adult", dict(ADULT_POLICY, epsilon=10), replace=True)
+    e = db.explain(SEX_RACE, epsilon=0.5, delta=0, strategy="identity")
+    assert e.reused_from == () and e.free == ()

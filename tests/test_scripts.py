@@ -137,6 +137,23 @@ BAD_SETS = [
     ("SELECT COUNT(*) FROM adult;\n\nSET dpsql.epsilon;", "SET form is not supported", 3, 1),
     ("SELECT COUNT(*) FROM adult;\n  SET dpsql.epsilon = 0.1;", "followed by no query", 2, 3),
     ("SELECT COUNT(*) FROM adult;\nSELEC COUNT(*) FROM adult", "could not parse", 2, None),
+    ("SET dpsql.target_rmse = 'fifty';\nSELECT COUNT(*) FROM adult",
+     "dpsql.target_rmse must be a number, e.g. SET dpsql.target_rmse = 50", 1, 25),
+    ("SET dpsql.target_rmse = 0;\nSELECT COUNT(*) FROM adult",
+     "dpsql.target_rmse must be a positive number", 1, 25),
+    ("SET dpsql.max_stderr = -3;\nSELECT COUNT(*) FROM adult",
+     "dpsql.max_stderr must be a positive number (an expected error, in counts), got -3", 1,
+     None),
+    ("SET dpsql.confirm = yes;\nSELECT COUNT(*) FROM adult",
+     "dpsql.confirm must be true or false, e.g. SET dpsql.confirm = true", 1, None),
+    ("SET dpsql.nonnegative = 'true';\nSELECT COUNT(*) FROM adult",
+     "dpsql.nonnegative must be true or false", 1, None),
+    ("SET dpsql.reuse = 'no';\nSELECT COUNT(*) FROM adult",
+     "dpsql.reuse must be true or false, e.g. SET dpsql.reuse = false; got 'no'", 1, None),
+    ("SET dpsql.epsilon = 0.2;\nSET dpsql.target_rmse = 50;\nSELECT COUNT(*) FROM adult",
+     "dpsql.target_rmse and dpsql.epsilon (line 1) are both set for the same queries", 2, 25),
+    ("SET dpsql.max_stderr = 5; SET dpsql.epsilon = 0.2;\nSELECT COUNT(*) FROM adult",
+     "dpsql.epsilon and dpsql.max_stderr (line 1) are both set", 1, None),
 ]
 
 
@@ -550,8 +567,9 @@ def test_exit_codes_and_streams_of_the_real_command(db_path, tmp_path):
     missing = dpsql_cli("run", db_path, "-", stdin="SELECT COUNT(*) FROM adult")
     assert missing.returncode == 2 and missing.stdout == ""
     assert missing.stderr == ("error: workload 1 (line 1): no epsilon given; put SET "
-                              "dpsql.epsilon = <value>; before its queries, or give a default "
-                              "(--epsilon on the command line)\n")
+                              "dpsql.epsilon = <value>; (or an accuracy target, SET "
+                              "dpsql.target_rmse = <value>;) before its queries, or give a "
+                              "default (--epsilon on the command line)\n")
     bad = dpsql_cli("run", db_path, "-", "--epsilon", 0.1, "--delta", 1e-6,
                     stdin="SELECT COUNT(*) FROM adult;\nSET work_mem = 1;\nSELECT 1")
     assert bad.returncode == 2 and "(line 2, column 5)" in bad.stderr

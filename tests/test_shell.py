@@ -239,10 +239,32 @@ def test_confirmation_no_spends_nothing_yes_spends(db, tmp_path):
     type_(child, GROUP_SEX)
     child.expect_exact("Spend it? [y/N]")
     send(child, "y", "ci_high", "remaining epsilon 0.5 of 1")
+    # asked again, it is answered from that release: nothing to spend, so no question
+    send(child, GROUP_SEX, "strategy=reuse", "ci_high",
+         "answered from past releases: nothing charged to adult; remaining epsilon 0.5 of 1")
     send(child, "\\set confirm_share 1", "confirm_share = 1")
+    send(child, "\\set reuse off", "reuse = off (every query is measured afresh")
     send(child, GROUP_SEX, "ci_high", "remaining epsilon 0 of 1")   # 100% of 0.5: no question
     quit_(child)
-    assert len(ledger(db)) == 2
+    assert [e["epsilon"] for e in ledger(db)] == [0.5, 0.0, 0.5]
+
+
+def test_accuracy_target_asks_at_the_prompt_no_spends_nothing(db, tmp_path):
+    with dpsql.connect(db) as s:
+        e = s.explain(GROUP_SEX, delta=1e-6, target_rmse=60)
+    child = spawn(db, "--delta", "1e-6", tmp_path=tmp_path)
+    send(child, "\\set target_rmse 60", "target_rmse = 60 (each query spends the smallest")
+    type_(child, GROUP_SEX)
+    child.expect_exact(f"target_rmse 60 needs epsilon={e.epsilon:g} delta=")
+    child.expect_exact("Spend it? [y/N]")
+    send(child, "n", "not answered; nothing was spent")
+    send(child, "\\ledger", "the ledger is empty")
+    type_(child, GROUP_SEX)
+    child.expect_exact("Spend it? [y/N]")
+    send(child, "y", "ci_high", f"charged epsilon={e.epsilon:g}")
+    quit_(child)
+    (entry,) = ledger(db)
+    assert entry["epsilon"] == e.epsilon
 
 
 def test_meta_commands_tables_domain_help(db, tmp_path):
@@ -256,11 +278,11 @@ def test_meta_commands_tables_domain_help(db, tmp_path):
 
 def test_toolbar_shows_remaining_budget_in_a_full_terminal(db, tmp_path):
     child = spawn(db, "--epsilon", "0.1", "--delta", "1e-6", tmp_path=tmp_path, term="xterm")
-    for _ in range(2):
+    for sql in (GROUP_SEX, "SELECT race, COUNT(*) FROM adult GROUP BY race;"):  # two charges
         child.expect(r"\x1b\[6n")              # answer prompt_toolkit's cursor query
         child.send("\x1b[5;1R")
         child.expect_exact("remaining")
-        child.send(GROUP_SEX + "\r")
+        child.send(sql + "\r")
     child.expect_exact("ci_high")
     child.expect(r"\x1b\[6n")
     child.send("\x1b[20;1R")

@@ -1,7 +1,9 @@
 """``dpsql shell DB``: arguments, then a batch (``-e``, ``-f``, piped input) or the REPL.
 
-    dpsql shell DB [--epsilon E] [--delta D] [--strategy S] [--model dp|metric]
-                   [--confirm-share X] [-e SQL]... [-f FILE]... [--csv]
+    dpsql shell DB [--epsilon E | --target-rmse R | --max-stderr S] [--delta D]
+                   [--strategy S] [--model dp|metric] [--nonnegative] [--integer]
+                   [--no-reuse] [--confirm] [--confirm-share X] [-e SQL]... [-f FILE]...
+                   [--csv]
 
 Each ``-e`` string and each ``-f`` file is one submission (its SQL is ONE workload), run in
 the order given; the first error stops the batch with exit status 2.
@@ -15,7 +17,7 @@ import sys
 
 from ..errors import DpsqlError
 from .settings import (DEFAULT_CONFIRM_SHARE, parse_delta, parse_epsilon, parse_model,
-                       parse_share, parse_strategy)
+                       parse_share, parse_strategy, parse_target)
 
 
 class _Batch(argparse.Action):
@@ -50,6 +52,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="dp",
                    help="dp (default: differential privacy) or metric (d_X privacy under "
                         "the table's declared metric: epsilon per unit distance, delta 0)")
+    p.add_argument("--target-rmse", metavar="R",
+                   help="ask by accuracy instead of --epsilon: each submission spends the "
+                        "smallest epsilon whose expected RMSE is at most R, shown first and "
+                        "spent only once confirmed")
+    p.add_argument("--max-stderr", metavar="S",
+                   help="ask by accuracy: the smallest epsilon giving every answer a standard "
+                        "error of at most S (as --target-rmse)")
+    p.add_argument("--confirm", action="store_true",
+                   help="spend the epsilon an accuracy target needs without asking (needed "
+                        "to spend by accuracy without a terminal)")
+    p.add_argument("--nonnegative", action="store_true",
+                   help="answers from non-negative least squares (post-processing, no "
+                        "privacy cost)")
+    p.add_argument("--integer", action="store_true",
+                   help="round the answers to integers (post-processing, no privacy cost)")
+    p.add_argument("--no-reuse", dest="reuse", action="store_false",
+                   help="measure every query afresh (\\set reuse off); by default answers "
+                        "come from past releases wherever they are at least as accurate, at "
+                        "no privacy cost")
     p.add_argument("--confirm-share", default=None, metavar="SHARE",
                    help="ask before spending more than this share of the remaining epsilon "
                         "(default 0.25; 25%% works too; 1 never asks)")
@@ -91,6 +112,9 @@ def _main(args) -> int:
     model = parse_model(args.model)
     share = (parse_share(args.confirm_share) if args.confirm_share is not None
              else DEFAULT_CONFIRM_SHARE)
+    targets = {k: parse_target(v, k) for k, v in (("target_rmse", args.target_rmse),
+                                                  ("max_stderr", args.max_stderr))
+               if v is not None}
     if not os.path.exists(args.db):
         raise DpsqlError(f"database {args.db!r} does not exist")
     batch = list(args.batch or [])
@@ -99,7 +123,9 @@ def _main(args) -> int:
         batch = [("-f", "-")]          # piped input: one workload, like -f -
     with connect(args.db) as session:
         state = ShellState(session, epsilon=epsilon, delta=delta, strategy=strategy,
-                           model=model, confirm_share=share, interactive=interactive)
+                           model=model, confirm_share=share, interactive=interactive,
+                           nonnegative=args.nonnegative, integer=args.integer,
+                           confirm=args.confirm, reuse=args.reuse, **targets)
         state.refresh()
         if interactive:
             from . import repl
@@ -131,10 +157,11 @@ def _read(path: str) -> str:
 
 
 def _batch_confirm(reason: str) -> bool:
-    """Batch mode asks on a terminal; without one it refuses (nothing is spent)."""
+    """Batch mode asks on a terminal; without one it refuses (nothing is spent; the
+    executor adds how to spend without asking)."""
+    from .executor import NoTerminal
+
     if sys.stdin.isatty():
         print(f"{reason}. Spend it? [y/N] ", end="", file=sys.stderr, flush=True)
         return sys.stdin.readline().strip().lower() in ("y", "yes")
-    raise DpsqlError(
-        f"{reason}; there is no terminal to confirm on, so nothing was spent; pass "
-        "--confirm-share 1 to spend it without asking")
+    raise NoTerminal(f"{reason}; there is no terminal to confirm on, so nothing was spent")

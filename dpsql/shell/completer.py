@@ -14,7 +14,7 @@ from typing import Callable, Iterable
 from prompt_toolkit.completion import Completer, Completion
 
 from . import metacommands
-from .settings import MODELS, SETTINGS
+from .settings import FLAGS, MODELS, SETTINGS, TARGETS
 
 KEYWORDS = (
     "SELECT", "FROM", "WHERE", "GROUP BY", "COUNT(*)", "COUNT", "AND", "OR", "NOT", "IN",
@@ -93,6 +93,10 @@ class DpsqlCompleter(Completer):
             yield from _matching(args[1], strategy_words(), "strategy", case=False)
         elif name == "\\set" and len(args) == 2 and args[0].lower() == "model":
             yield from _matching(args[1], MODELS, "model", case=False)
+        elif name == "\\set" and len(args) == 2 and args[0].lower() in FLAGS:
+            yield from _matching(args[1], ("on", "off"), "value", case=False)
+        elif name == "\\set" and len(args) == 2 and args[0].lower() in TARGETS:
+            yield from _matching(args[1], ("off",), "value", case=False)
         elif name in ("\\domain", "\\budget", "\\ledger") and len(args) == 1:
             yield from _matching(args[0], sorted(policies), "table", case=False)
         elif name == "\\explain":

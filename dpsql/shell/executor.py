@@ -5,6 +5,14 @@ by one :meth:`dpsql.Session.answer` call; a line starting with a backslash is a
 meta-command. SQL that precedes a meta-command is answered first when it is complete (ends
 with ``;``), explained by an argument-less ``\\explain``, and otherwise discarded.
 
+Accuracy first (``\\set target_rmse`` / ``\\set max_stderr``): the submission is explained
+first, the smallest epsilon meeting the target is shown with its delta and strategy, and it
+is spent only after a yes (or with ``\\set confirm on``); without a terminal to ask on, it is
+refused and nothing is spent.
+
+Reuse (on unless ``\\set reuse off``): a submission that past releases answer in full costs
+nothing, so it is never asked about; its release is recorded at zero cost.
+
 Errors print as one line (``error: ...``); dpsql's own messages never contain data values,
 and anything unexpected prints only its exception type.
 """
@@ -13,6 +21,7 @@ from __future__ import annotations
 
 import csv
 import re
+from fractions import Fraction
 
 from ..errors import DpsqlError
 from ..results import format_table
@@ -20,7 +29,7 @@ from ..session import InterruptedAfterRelease
 from ..sql.parse import parse_batch
 from . import metacommands
 from .progress import progress
-from .settings import show_exact
+from .settings import show_exact, show_target
 
 MAX_ROWS = 1000      # rows printed per result table (all of them are in the database)
 _COMMENT = re.compile(r"--[^']*$")
@@ -53,6 +62,15 @@ def release_head(release) -> str:
 
 class _Unprotected(Exception):
     """parse for the confirmation check met a table that is not protected."""
+
+
+class NoTerminal(DpsqlError):
+    """Raised by a confirm callback that has no terminal to ask on: nothing was spent. The
+    executor adds how to spend without asking."""
+
+
+SKIP_SHARE = "pass --confirm-share 1 to spend it without asking"
+SKIP_TARGET = "pass --confirm (or \\set confirm on) to spend it without asking"
 
 
 class Executor:
@@ -134,31 +152,52 @@ class Executor:
     # ------------------------------------------------------------------ requests
     def explain(self, sql: str) -> None:
         st = self.state
-        epsilon, delta = st.privacy()
-        try:
-            with progress("selecting a strategy", self.err, enabled=self.show_progress):
-                expl = st.session.explain(sql, epsilon=epsilon, delta=delta,
-                                          strategy=st.strategy, model=st.model)
-        except KeyboardInterrupt:
-            self._cancel("cancelled; nothing was spent")
+        expl = self._explained(sql, st.request())
+        if expl is None:
             return
         st.use(expl.table)
         self.say(str(expl))
-        self.note("(explain reads no data and spends nothing)")
+        target = st.target()
+        found = (f"the smallest epsilon meeting {target[0]} {show_target(target[1])} is "
+                 f"{expl.epsilon:g}; " if target is not None else "")
+        self.note(f"({found}explain reads no data and spends nothing)")
+
+    def _explained(self, sql: str, request: dict):
+        """The explanation of ``sql`` under ``request``, or None when Ctrl-C cancelled it."""
+        what = ("finding the smallest epsilon" if self.state.target() is not None
+                else "selecting a strategy")
+        try:
+            with progress(what, self.err, enabled=self.show_progress):
+                return self.state.session.explain(sql, **request)
+        except KeyboardInterrupt:
+            self._cancel("cancelled; nothing was spent")
+            return None
 
     def answer(self, sql: str) -> None:
         st = self.state
-        epsilon, delta = st.privacy()
+        request = st.request()
         model = st.model
         table = self._table_of(sql)
-        if table is not None and not self._confirmed(table, epsilon, model, delta):
-            self.note("not answered; nothing was spent")
-            return
+        confirmed = None
+        if st.target() is not None:
+            expl = self._explained(sql, request)
+            if expl is None:
+                return
+            if not self._confirmed_target(expl, request["delta"]):
+                self.note("not answered; nothing was spent")
+                return
+            confirmed = expl.epsilon
+            request = dict(request, confirm=True)
+        elif table is not None:
+            ok = self._confirmed(table, request["epsilon"], model, request["delta"], sql)
+            if not ok:
+                if ok is False:
+                    self.note("not answered; nothing was spent")
+                return
         before = self._last_release_id()
         try:
             with progress("answering", self.err, enabled=self.show_progress):
-                release = st.session.answer(sql, epsilon=epsilon, delta=delta,
-                                            strategy=st.strategy, model=model)
+                release = st.session.answer(sql, **request, **st.flags())
         except InterruptedAfterRelease as exc:
             self._print_release(exc.release, model)
             self._cancel(f"interrupted, but release {exc.release.release_id} had already "
@@ -175,6 +214,9 @@ class Executor:
                 self._cancel("cancelled; nothing was charged")
             return
         self._print_release(release, model)
+        if confirmed is not None and release.epsilon > confirmed:
+            self.note(f"note: epsilon={release.epsilon:g} was charged, not the {confirmed:g} "
+                      "confirmed: the table's policy or past releases changed meanwhile")
 
     # ------------------------------------------------------------------ helpers
     def _cancel(self, message: str) -> None:
@@ -207,8 +249,11 @@ class Executor:
                       f"distance) to {release.table}; remaining metric epsilon "
                       f"{show_exact(metric[0])} of {show_exact(metric[1])}")
         elif budget is not None:
-            self.note(f"charged epsilon={show_exact(release.epsilon)} "
-                      f"delta={show_exact(release.delta)} to {release.table}; remaining "
+            charged = ("answered from past releases: nothing charged"
+                       if release.strategy == "reuse" else
+                       f"charged epsilon={show_exact(release.epsilon)} "
+                       f"delta={show_exact(release.delta)}")
+            self.note(f"{charged} to {release.table}; remaining "
                       f"epsilon {show_exact(budget['epsilon_remaining'])} of "
                       f"{show_exact(budget['epsilon_limit'])}, delta "
                       f"{show_exact(budget['delta_remaining'])} of "
@@ -229,9 +274,39 @@ class Executor:
             return None
         return queries[0].table if queries else None
 
-    def _confirmed(self, table: str, epsilon, model: str = "dp", delta=None) -> bool:
+    def _ask(self, reason: str, skip: str) -> bool:
+        """Ask the analyst; without a terminal, refuse and say how to skip the question."""
+        try:
+            return bool(self.confirm(reason))
+        except NoTerminal as exc:
+            raise DpsqlError(f"{exc}; {skip}") from None
+
+    def _confirmed_target(self, expl, delta) -> bool:
+        """Accuracy first: show the smallest epsilon found (with delta and strategy) and ask
+        before spending it, unless ``confirm`` is on (the share threshold still applies)."""
+        st = self.state
+        key, value = st.target()
+        eps = Fraction(repr(expl.epsilon))
+        left = st.session.budget(expl.table)["epsilon_remaining"]
+        if eps == 0 or eps > left:
+            return True   # nothing to spend (past releases answer it), or refused by answer()
+        if st.confirm:
+            return self._confirmed(expl.table, eps, "dp", delta)
+        spent_delta = delta if expl.mechanism == "gaussian" else 0
+        noise = {"gaussian": "Gaussian", "laplace": "Laplace"}.get(expl.mechanism,
+                                                                  expl.mechanism)
+        reason = (f"{key} {show_target(value)} needs epsilon={show_exact(eps)} "
+                  f"delta={show_exact(spent_delta)} (strategy {expl.strategy}, {noise} noise, "
+                  f"expected RMSE {expl.rmse:.4g}): {float(eps / left) * 100:.0f}% of the "
+                  f"{show_exact(left)} remaining on table {expl.table!r}")
+        return self._ask(reason, SKIP_TARGET)
+
+    def _confirmed(self, table: str, epsilon, model: str = "dp", delta=None,
+                   sql: str | None = None) -> bool | None:
         """Ask before spending more than ``confirm_share`` of the remaining epsilon (of the
-        metric budget, for a metric release)."""
+        metric budget, for a metric release). With ``sql`` and reuse on, a batch that past
+        releases answer in full (nothing to spend) is not asked about; None: Ctrl-C
+        cancelled that check."""
         budget = self.state.session.budget(table)
         what = "epsilon"
         left = budget["epsilon_remaining"]
@@ -242,11 +317,17 @@ class Executor:
         share = self.state.confirm_share
         if epsilon > left or epsilon <= share * left:
             return True   # within the threshold, or refused by answer() with the numbers
+        if sql is not None and model == "dp" and self.state.reuse:
+            expl = self._explained(sql, self.state.request())
+            if expl is None:
+                return None
+            if expl.mechanism == "reuse":
+                return True   # past releases answer all of it: nothing is spent
         reason = (f"this spends {what}={show_exact(epsilon)}, "
                   f"{float(epsilon / left) * 100:.0f}% of the {show_exact(left)} remaining "
                   f"on table {table!r} (above the {float(share) * 100:g}% confirmation "
                   "threshold)")
-        return bool(self.confirm(reason))
+        return self._ask(reason, SKIP_SHARE)
 
     def _last_release_id(self) -> int:
         return max((e["release_id"] for e in self.state.session.ledger()), default=0)

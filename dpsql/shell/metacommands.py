@@ -77,12 +77,22 @@ def _help(ex, arg):
            "or continued over several lines) are answered as ONE workload.\n")
     for cmd in seen:
         ex.say(f"  {cmd.usage:<{width}}  {cmd.help}")
+    ex.say("\nAsk by accuracy instead of epsilon: \\set target_rmse 50 (the batch's expected\n"
+           "RMSE) or \\set max_stderr 10 (every answer's standard error); each query then\n"
+           "shows the smallest epsilon meeting it, with delta and strategy, and asks before\n"
+           "spending it (\\set confirm on: no question; \\set epsilon 0.1 asks by epsilon\n"
+           "again). \\set nonnegative on / \\set integer on: non-negative or whole-number\n"
+           "answers (post-processing, no privacy cost).")
+    ex.say("\nReuse (on by default): a query that past releases answer at least as accurately\n"
+           "is answered from them at no privacy cost (the release is recorded at epsilon 0);\n"
+           "only the rest is measured and charged. \\set reuse off measures everything afresh.")
     ex.say("\nCtrl-C clears the line, or cancels a running request (nothing is charged);\n"
            "Ctrl-D or \\q leaves.")
 
 
 @command("\\set", "\\set [NAME [VALUE]]",
-         "show the settings, or set epsilon, delta, strategy, model, confirm_share")
+         "show the settings, or set one: epsilon or target_rmse or max_stderr, delta, "
+         "strategy, model, nonnegative, integer, reuse, confirm, confirm_share")
 def _set(ex, arg):
     parts = arg.split(None, 1)
     if not parts:

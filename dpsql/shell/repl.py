@@ -16,7 +16,7 @@ from prompt_toolkit.filters import Condition
 from prompt_toolkit.history import FileHistory, History, InMemoryHistory
 
 from .executor import submission_complete
-from .settings import show_exact
+from .settings import show_exact, show_target
 
 PROMPT = "dpsql> "
 CONTINUATION = "  ...> "
@@ -59,12 +59,22 @@ def toolbar_text(state) -> str:
             where += f", metric epsilon {show_exact(metric[0])} of {show_exact(metric[1])}"
     else:
         where = " no table in use"
-    if state.epsilon is None or state.delta is None:
+    target = state.target()
+    if (state.epsilon is None and target is None) or state.delta is None:
         spend = "epsilon/delta not set (\\set epsilon 0.1, \\set delta 1e-6)"
+    elif target is not None:
+        spend = (f"ask {target[0]}={show_target(target[1])} delta={show_exact(state.delta)}"
+                 f" strategy={state.strategy}"
+                 + (" (confirm on)" if state.confirm else " (asks before spending)"))
     else:
         eps = "metric epsilon" if state.model == "metric" else "epsilon"
         spend = (f"spend {eps}={show_exact(state.epsilon)} delta={show_exact(state.delta)}"
                  f" strategy={state.strategy}")
+    flags = [k for k in ("nonnegative", "integer") if getattr(state, k)]
+    if not state.reuse:
+        flags.append("reuse off")
+    if flags:
+        spend += " " + " ".join(flags)
     return f"{where} | {spend} | \\help "
 
 
@@ -80,9 +90,10 @@ def confirm(reason: str) -> bool:
 def banner(state, db_path: str) -> str:
     tables = ", ".join(sorted(state.policies)) or "none (a data owner runs `dpsql protect`)"
     lines = [f"dpsql shell on {db_path}; protected tables: {tables}"]
-    if state.epsilon is None or state.delta is None:
+    if (state.epsilon is None and state.target() is None) or state.delta is None:
         lines.append("Set what each query may spend first: \\set epsilon 0.1 and "
-                     "\\set delta 1e-6 (your own values).")
+                     "\\set delta 1e-6 (your own values), or ask by accuracy: "
+                     "\\set target_rmse 50.")
     lines.append("End statements with ';'. \\help lists the commands, \\q or Ctrl-D quits.")
     return "\n".join(lines)
 

@@ -2,6 +2,13 @@
 
 ε and δ have no safe universal default, so they start unset and the first query is refused
 until the analyst chooses them. Values are held exactly (``Fraction``): ``0.1`` is one tenth.
+
+A query asks either by ε or by an accuracy target (``target_rmse`` or ``max_stderr``: the
+smallest ε meeting it, shown and confirmed before it is spent): setting one of the three
+unsets the others. ``confirm on`` spends what a target needs without asking; ``nonnegative``
+and ``integer`` are the consistency flags of :meth:`dpsql.Session.answer`; ``reuse`` (on
+unless ``\\set reuse off`` or ``--no-reuse``) answers from past releases wherever they are at
+least as accurate, at no privacy cost.
 """
 
 from __future__ import annotations
@@ -12,10 +19,17 @@ from ..errors import show_exact  # noqa: F401  (re-exported for the shell module
 
 from ..accounting import validate_delta, validate_epsilon
 from ..errors import DpsqlError, PrivacyParameterError
-from ..scripts import MODELS, check_model, check_strategy
+from ..scripts import MODELS, check_model, check_strategy, check_target
 
 DEFAULT_CONFIRM_SHARE = Fraction(1, 4)
-SETTINGS = ("epsilon", "delta", "strategy", "model", "confirm_share")
+SETTINGS = ("epsilon", "target_rmse", "max_stderr", "delta", "strategy", "model",
+            "nonnegative", "integer", "reuse", "confirm", "confirm_share")
+ASKS = ("epsilon", "target_rmse", "max_stderr")     # how a query asks: one of them at most
+TARGETS = ASKS[1:]
+FLAGS = ("nonnegative", "integer", "reuse", "confirm")
+ON, OFF = ("on", "true", "yes", "1"), ("off", "false", "no", "0")
+#: the targets read "off" to unset them (back to asking by epsilon)
+UNSET = ("off", "none")
 
 
 def _number(text: str, name: str, example: str) -> Fraction:
@@ -46,6 +60,29 @@ def parse_model(text: str) -> str:
     return check_model(str(text))
 
 
+def show_target(value) -> str:
+    """A target (or epsilon) as typed: ``50``, ``0.1``."""
+    return f"{float(value):g}"
+
+
+def parse_target(text: str, name: str = "target_rmse") -> Fraction | None:
+    """An accuracy target in counts (a positive number), or ``off`` to unset it."""
+    raw = str(text).strip()
+    if raw.lower() in UNSET:
+        return None
+    value = _number(raw, name, "50")
+    check_target(value, name)
+    return value
+
+
+def parse_flag(text: str, name: str) -> bool:
+    """``on`` or ``off`` (``true``/``false``, ``yes``/``no``, ``1``/``0`` work too)."""
+    raw = str(text).strip().lower()
+    if raw in ON or raw in OFF:
+        return raw in ON
+    raise DpsqlError(f"{name} must be on or off (true or false), got {str(text).strip()!r}")
+
+
 def parse_share(text: str) -> Fraction:
     raw = str(text).strip()
     percent = raw.endswith("%")
@@ -60,7 +97,9 @@ def parse_share(text: str) -> Fraction:
 
 
 PARSERS = {"epsilon": parse_epsilon, "delta": parse_delta, "strategy": parse_strategy,
-           "model": parse_model, "confirm_share": parse_share}
+           "model": parse_model, "confirm_share": parse_share,
+           **{k: (lambda text, k=k: parse_target(text, k)) for k in TARGETS},
+           **{k: (lambda text, k=k: parse_flag(text, k)) for k in FLAGS}}
 
 
 class ShellState:
@@ -68,9 +107,23 @@ class ShellState:
 
     def __init__(self, session, *, epsilon=None, delta=None, strategy: str = "auto",
                  model: str = "dp", confirm_share: Fraction = DEFAULT_CONFIRM_SHARE,
-                 interactive: bool = True):
+                 interactive: bool = True, target_rmse=None, max_stderr=None,
+                 nonnegative: bool = False, integer: bool = False, confirm: bool = False,
+                 reuse: bool = True):
+        given = [k for k, v in zip(ASKS, (epsilon, target_rmse, max_stderr)) if v is not None]
+        if len(given) > 1:
+            raise PrivacyParameterError(
+                f"{' and '.join('--' + k.replace('_', '-') for k in given)} are both given; a "
+                "query asks either by epsilon or by an accuracy target (the smallest epsilon "
+                "meeting it), not both; drop one")
         self.session = session
         self.epsilon: Fraction | None = epsilon
+        self.target_rmse: Fraction | None = target_rmse
+        self.max_stderr: Fraction | None = max_stderr
+        self.nonnegative = nonnegative
+        self.integer = integer
+        self.reuse = reuse
+        self.confirm = confirm
         self.delta: Fraction | None = delta
         self.strategy = strategy
         self.model = model
@@ -88,19 +141,47 @@ class ShellState:
                              f"{', '.join(SETTINGS)}")
         if not str(text).strip():
             raise DpsqlError(f"\\set {key} needs a value, e.g. {self.example(key)}")
-        setattr(self, key, PARSERS[key](text))
+        value = PARSERS[key](text)
+        dropped = []
+        if key in ASKS and value is not None:   # a query asks by one of them: unset the others
+            dropped = [f"{k} {show_target(getattr(self, k))}" for k in ASKS
+                       if k != key and getattr(self, k) is not None]
+            for k in ASKS:
+                setattr(self, k, None)
+        setattr(self, key, value)
+        if dropped:
+            return (f"{self.show(key)}; {' and '.join(dropped)} no longer applies (a query asks "
+                    "either by epsilon or by an accuracy target)")
         return self.show(key)
 
     @staticmethod
     def example(key: str) -> str:
         return {"epsilon": "\\set epsilon 0.1", "delta": "\\set delta 1e-6",
                 "strategy": "\\set strategy auto", "model": "\\set model dp",
-                "confirm_share": "\\set confirm_share 25%"}[key]
+                "confirm_share": "\\set confirm_share 25%",
+                "target_rmse": "\\set target_rmse 50", "max_stderr": "\\set max_stderr 10",
+                "nonnegative": "\\set nonnegative on", "integer": "\\set integer on",
+                "reuse": "\\set reuse off",
+                "confirm": "\\set confirm on"}[key]
 
     def show(self, key: str) -> str:
         value = getattr(self, key)
         if value is None:
             return f"{key} is not set"
+        if key in TARGETS:
+            what = ("expected RMSE of the batch" if key == "target_rmse"
+                    else "standard error of every answer")
+            return (f"{key} = {show_target(value)} (each query spends the smallest epsilon "
+                    f"whose {what} is at most {show_target(value)}, after you confirm it)")
+        if key in FLAGS:
+            what = {"nonnegative": "answers from non-negative least squares; no privacy cost",
+                    "integer": "answers rounded to integers; no privacy cost",
+                    "reuse": "answers from past releases wherever they are at least as "
+                             "accurate, at no privacy cost" if value else
+                             "every query is measured afresh and charged",
+                    "confirm": "spend the epsilon an accuracy target needs without asking"
+                    if value else "ask before spending the epsilon an accuracy target needs"}
+            return f"{key} = {'on' if value else 'off'} ({what[key]})"
         if key == "confirm_share":
             return f"{key} = {show_exact(value)} ({float(value) * 100:g}% of the remaining epsilon)"
         if key == "model":
@@ -110,13 +191,41 @@ class ShellState:
             return f"{key} = {value} ({what})"
         return f"{key} = {show_exact(value) if isinstance(value, Fraction) else value}"
 
-    def privacy(self) -> tuple[Fraction, Fraction]:
+    def target(self) -> tuple[str, Fraction] | None:
+        """``(setting, value)`` when queries ask by an accuracy target, else None."""
+        return next(((k, getattr(self, k)) for k in TARGETS if getattr(self, k) is not None),
+                    None)
+
+    def request(self) -> dict:
+        """What :meth:`Session.explain` is asked: epsilon or the target, delta, strategy,
+        model, reuse; refused (with how to set them) while epsilon or delta is missing."""
+        target = self.target()
+        if target is None:
+            epsilon, delta = self.privacy()
+            ask = {"epsilon": epsilon}
+        else:
+            delta = self.privacy(need_epsilon=False)[1]
+            ask = {target[0]: float(target[1])}
+        return dict(ask, delta=delta, strategy=self.strategy, model=self.model,
+                    reuse=self.reuse)
+
+    def flags(self) -> dict:
+        return {"nonnegative": self.nonnegative, "integer": self.integer}
+
+    def privacy(self, need_epsilon: bool = True) -> tuple[Fraction, Fraction]:
         """(epsilon, delta) to spend, or a refusal that says how to set them."""
-        missing = [k for k in ("epsilon", "delta") if getattr(self, k) is None]
+        missing = [k for k in ("epsilon", "delta") if getattr(self, k) is None
+                   and (need_epsilon or k == "delta")]
         if missing:
-            how = ("\\set epsilon 0.1 and \\set delta 1e-6, or start the shell with "
-                   "--epsilon 0.1 --delta 1e-6" if self.interactive else
-                   "pass --epsilon 0.1 --delta 1e-6 (your own values)")
+            values = {"epsilon": "0.1", "delta": "1e-6"}
+            how = (" and ".join(f"\\set {k} {values[k]}" for k in missing)
+                   + ", or start the shell with "
+                   + " ".join(f"--{k} {values[k]}" for k in missing) if self.interactive else
+                   "pass " + " ".join(f"--{k} {values[k]}" for k in missing)
+                   + " (your own values)")
+            if "epsilon" in missing:
+                how += ("; or ask by accuracy: " + ("\\set target_rmse 50" if self.interactive
+                                                     else "--target-rmse 50"))
             raise PrivacyParameterError(
                 f"{' and '.join(missing)} not set: there is no safe default for what a "
                 f"query may spend; choose it first, e.g. {how}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import math
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -16,13 +17,23 @@ from sqlglot import exp
 from sqlglot.tokens import TokenType
 
 from ..accounting import validate_delta, validate_epsilon
-from ..errors import DpsqlError, ParseError, PrivacyParameterError, UnsupportedQueryError
+from ..accounting import to_exact
+from ..errors import (DpsqlError, ParseError, PrivacyParameterError, UnsupportedQueryError,
+                      show_exact)
 from ..noise import CALIBRATIONS
 from ..strategies import spec as strategy_spec
 from .parse import _position, split_statements
 
-SETTINGS = ("epsilon", "delta", "strategy", "calibration", "model", "release")
+SETTINGS = ("epsilon", "delta", "strategy", "calibration", "model", "target_rmse",
+            "max_stderr", "confirm", "nonnegative", "integer", "reuse", "release")
 MODELS = ("dp", "metric")
+#: how a workload asks: by epsilon, or by an accuracy target (the smallest epsilon meeting it)
+ASKS = ("epsilon", "target_rmse", "max_stderr")
+TARGETS = ("target_rmse", "max_stderr")
+#: true/false settings: confirm (spend what an accuracy target needs), consistency flags,
+#: reuse (answer from past releases where they are at least as accurate; on by default)
+FLAGS = ("confirm", "nonnegative", "integer", "reuse")
+FLAG_DEFAULTS = {"confirm": False, "nonnegative": False, "integer": False, "reuse": True}
 MAX_RELEASE_NAME = 200
 _ALLOWED_SETS = ("a script may set " + ", ".join(f"dpsql.{s}" for s in SETTINGS[:-1])
                  + f" or dpsql.{SETTINGS[-1]}")
@@ -38,6 +49,42 @@ def check_model(value) -> str:
             f"model must be 'dp' (differential privacy) or 'metric' (d_X privacy under the "
             f"table's declared metric), got {value!r}")
     return name
+
+
+def check_target(value, name: str = "target_rmse") -> float:
+    """An accuracy target (``target_rmse``: the batch's expected RMSE; ``max_stderr``: every
+    answer's standard error), in counts: a positive finite number. Returned as a float (what
+    :meth:`dpsql.Session.answer` takes)."""
+    exact = to_exact(value, name)
+    if exact <= 0:
+        raise PrivacyParameterError(
+            f"{name} must be a positive number (an expected error, in counts), got "
+            f"{show_exact(exact)}")
+    try:
+        number = float(exact)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        raise PrivacyParameterError(f"{name} is too large to be an expected error: "
+                                    f"{show_exact(exact)}")
+    return number
+
+
+def check_flag(value, name: str) -> bool:
+    """A true/false setting given as a Python value: ``True`` or ``False`` only."""
+    if not isinstance(value, bool):
+        raise PrivacyParameterError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def check_asks(epsilon, target_rmse, max_stderr, where: str = "") -> None:
+    """At most one of epsilon and the accuracy targets: a request asks by one of them."""
+    given = [n for n, v in zip(ASKS, (epsilon, target_rmse, max_stderr)) if v is not None]
+    if len(given) > 1:
+        raise PrivacyParameterError(
+            f"{' and '.join(given)} are both given{where}; a request asks either by epsilon "
+            "or by an accuracy target (target_rmse or max_stderr, which spends the smallest "
+            "epsilon meeting it), not both; drop one")
 
 
 class ScriptError(DpsqlError):
@@ -68,13 +115,19 @@ class Statement:
 class ScriptWorkload:
     number: int                  # from 1
     statements: tuple            # Statement, the queries only
-    epsilon: Fraction
+    epsilon: Fraction | None     # None when the workload asks by an accuracy target
     delta: Fraction
     strategy: str
     calibration: str
     name: str                    # release name
     named_by: str                # "script" (SET dpsql.release), "caller" or "digest"
     model: str = "dp"            # "dp" or "metric" (d_X: epsilon per unit distance)
+    target_rmse: float | None = None   # accuracy first: the smallest epsilon meeting it
+    max_stderr: float | None = None
+    confirm: bool = False        # spend what an accuracy target needs (SET dpsql.confirm)
+    nonnegative: bool = False    # consistency post-processing (no privacy cost)
+    integer: bool = False
+    reuse: bool = True           # answer from past releases where at least as accurate
 
     @property
     def sql(self) -> list[str]:
@@ -89,9 +142,25 @@ class ScriptWorkload:
     def label(self) -> str:
         return f"workload {self.number} ({self.lines})"
 
+    @property
+    def target(self) -> tuple[str, float] | None:
+        """``(setting, value)`` of an accuracy-first workload, else None."""
+        for key in TARGETS:
+            if getattr(self, key) is not None:
+                return key, getattr(self, key)
+        return None
+
     def params(self) -> dict:
-        return dict(epsilon=self.epsilon, delta=self.delta, strategy=self.strategy,
-                    calibration=self.calibration, model=self.model)
+        """What :meth:`Session.explain` takes: epsilon, or the accuracy target, and reuse."""
+        ask = ({"epsilon": self.epsilon} if self.target is None
+               else {self.target[0]: self.target[1]})
+        return dict(ask, delta=self.delta, strategy=self.strategy,
+                    calibration=self.calibration, model=self.model, reuse=self.reuse)
+
+    def answer_params(self) -> dict:
+        """What :meth:`Session.answer` takes: :meth:`params` plus confirm and the flags."""
+        return dict(self.params(), confirm=self.confirm, nonnegative=self.nonnegative,
+                    integer=self.integer)
 
 
 @dataclass(frozen=True)
@@ -103,8 +172,14 @@ class Script:
 
 def parse_script(text: str, *, epsilon=None, delta=None, strategy: str | None = None,
                  calibration: str | None = None, model: str | None = None,
-                 release: str | None = None, check_strategy=None) -> Script:
+                 release: str | None = None, target_rmse=None, max_stderr=None,
+                 confirm: bool | None = None, nonnegative: bool | None = None,
+                 integer: bool | None = None, reuse: bool | None = None,
+                 check_strategy=None) -> Script:
     """Split a script into workloads with their settings and release names (no database).
+
+    The keyword arguments are the caller's defaults (at most one of ``epsilon``,
+    ``target_rmse`` and ``max_stderr``); the script's ``SET`` statements override them.
 
     ``check_strategy(text) -> str`` validates a strategy setting (options included) and
     raises :class:`~dpsql.errors.StrategyError`; :func:`dpsql.scripts.parse_script` passes
@@ -113,8 +188,15 @@ def parse_script(text: str, *, epsilon=None, delta=None, strategy: str | None = 
     if not isinstance(text, str):
         raise ParseError("a script must be SQL text")
     check = check_strategy or _spec_syntax
+    check_asks(epsilon, target_rmse, max_stderr, " as defaults")
     statements = _split(text)
     current = {"epsilon": None if epsilon is None else validate_epsilon(epsilon),
+               "target_rmse": None if target_rmse is None
+               else check_target(target_rmse, "target_rmse"),
+               "max_stderr": None if max_stderr is None
+               else check_target(max_stderr, "max_stderr"),
+               **{k: FLAG_DEFAULTS[k] if v is None else check_flag(v, k)
+                  for k, v in zip(FLAGS, (confirm, nonnegative, integer, reuse))},
                "delta": None if delta is None else _delta(delta, "delta"),
                "strategy": "auto" if strategy is None else _strategy(strategy, None, check),
                "calibration": "analytic" if calibration is None
@@ -126,9 +208,10 @@ def parse_script(text: str, *, epsilon=None, delta=None, strategy: str | None = 
     digest = hashlib.sha256(";\n".join(s.normalized for s in statements).encode()).hexdigest()
     groups: list[tuple[dict, list[Statement]]] = []
     pending_set: Statement | None = None
+    asked: dict = {}             # epsilon / target set since the last query: (line, column)
     for st in statements:
         if isinstance(st.expr, exp.Set):
-            _apply_set(st, current, check)
+            _apply_set(st, current, check, asked)
             pending_set = st
         elif isinstance(st.expr, exp.Command) and str(st.expr.this).upper() == "SET":
             raise UnsupportedQueryError(
@@ -138,6 +221,7 @@ def parse_script(text: str, *, epsilon=None, delta=None, strategy: str | None = 
             if pending_set is not None or not groups:
                 groups.append((dict(current), []))
             pending_set = None
+            asked = {}
             groups[-1][1].append(st)
     if pending_set is not None:
         raise UnsupportedQueryError(
@@ -148,17 +232,22 @@ def parse_script(text: str, *, epsilon=None, delta=None, strategy: str | None = 
     workloads = []
     for k, (settings, group) in enumerate(groups, 1):
         label = f"workload {k} ({_lines(group)})"
-        for key, flag in (("epsilon", "--epsilon"), ("delta", "--delta")):
-            if settings[key] is None:
-                raise ScriptError(
-                    f"{label}: no {key} given; put SET dpsql.{key} = <value>; before its "
-                    f"queries, or give a default ({flag} on the command line)", workload=k)
+        if all(settings[key] is None for key in ASKS):
+            raise ScriptError(
+                f"{label}: no epsilon given; put SET dpsql.epsilon = <value>; (or an "
+                "accuracy target, SET dpsql.target_rmse = <value>;) before its queries, or "
+                "give a default (--epsilon on the command line)", workload=k)
+        if settings["delta"] is None:
+            raise ScriptError(
+                f"{label}: no delta given; put SET dpsql.delta = <value>; before its "
+                "queries, or give a default (--delta on the command line)", workload=k)
         base, by = ((release, "caller") if release is not None else
                     (settings["release"], "script") if settings["release"] is not None else
                     (f"script-{digest[:12]}", "digest"))
-        workloads.append(ScriptWorkload(k, tuple(group), settings["epsilon"], settings["delta"],
-                                        settings["strategy"], settings["calibration"],
-                                        f"{base}/{k}", by, settings["model"]))
+        workloads.append(ScriptWorkload(
+            k, tuple(group), settings["epsilon"], settings["delta"], settings["strategy"],
+            settings["calibration"], f"{base}/{k}", by, settings["model"],
+            **{key: settings[key] for key in (*TARGETS, *FLAGS)}))
     return Script(text, digest, tuple(workloads))
 
 
@@ -203,7 +292,9 @@ def _lines(group: list[Statement]) -> str:
     return f"line {a}" if a == b else f"lines {a}-{b}"
 
 
-def _apply_set(st: Statement, current: dict, check_strategy) -> None:
+def _apply_set(st: Statement, current: dict, check_strategy, asked: dict) -> None:
+    """Apply one SET. ``asked``: which of epsilon / the accuracy targets were set since the
+    last query (two different ones for the same queries are refused)."""
     node = st.expr
     if node.args.get("unset") or node.args.get("tag") or not node.expressions:
         raise UnsupportedQueryError(f"this SET form is not supported; {_ALLOWED_SETS}",
@@ -229,16 +320,35 @@ def _apply_set(st: Statement, current: dict, check_strategy) -> None:
         value = eq.expression
         vline, vcol = _position(value)
         at = (vline, vcol) if vline is not None else (line, col)
-        if name in ("epsilon", "delta"):
+        if name in ASKS:
+            other = next((k for k in asked if k != name), None)
+            if other is not None:
+                raise ParseError(
+                    f"dpsql.{name} and dpsql.{other} (line {asked[other][0]}) are both set "
+                    "for the same queries; a workload asks either by epsilon or by an "
+                    "accuracy target (dpsql.target_rmse or dpsql.max_stderr), not both; "
+                    "remove one", *at)
+            asked[name] = (line, col)
+        if name in ("epsilon", "delta", *TARGETS):
             number = _number_literal(value)
             if number is None:
+                example = {"epsilon": "0.5", "delta": "1e-6"}.get(name, "50")
                 raise ParseError(f"dpsql.{name} must be a number, e.g. SET dpsql.{name} = "
-                                 f"{'0.5' if name == 'epsilon' else '1e-6'}", *at)
+                                 f"{example}", *at)
             try:
                 current[name] = (validate_epsilon(number, "dpsql.epsilon") if name == "epsilon"
-                                 else _delta(number, "dpsql.delta"))
+                                 else _delta(number, "dpsql.delta") if name == "delta"
+                                 else check_target(number, f"dpsql.{name}"))
             except DpsqlError as exc:
                 raise ParseError(str(exc), *at) from None
+            if name in ASKS:   # the workload asks by this one from now on
+                current.update({k: None for k in ASKS if k != name})
+        elif name in FLAGS:
+            if not isinstance(value, exp.Boolean):
+                example = "false" if FLAG_DEFAULTS[name] else "true"
+                raise ParseError(f"dpsql.{name} must be true or false, e.g. SET dpsql.{name} "
+                                 f"= {example}; got {value.sql()}", *at)
+            current[name] = bool(value.this)
         else:
             if not (isinstance(value, exp.Literal) and value.is_string):
                 hint = f"'{value.sql()}'" if isinstance(value, (exp.Var, exp.Column)) else "'...'"
