@@ -251,8 +251,8 @@ class MeasureOracle:
                                               dtype=float).reshape(-1))
         return self._cache[key][1]
 
-    def select(self, block: int, groups, estimates, penalties, epsilon) -> int:
-        """``groups`` is a :class:`dpsql.mwem_groups.CandidateGroups` (rows of one matrix)."""
+    def _selection_inputs(self, block: int, groups, estimates, penalties):
+        """Checked (estimates, penalties, true answers) of a selection's candidate rows."""
         if not isinstance(groups, CandidateGroups) or len(groups) == 0:
             raise StrategyError("internal error: select needs non-empty CandidateGroups")
         penalties = np.asarray(penalties, dtype=float).reshape(-1)
@@ -262,7 +262,12 @@ class MeasureOracle:
                 or not np.all(np.isfinite(values)) or not np.all(np.isfinite(penalties)):
             raise StrategyError("internal error: select needs finite estimates for every "
                                 "candidate row and one penalty per group")
-        answers = self._answers(block, groups.W)[groups.row_index]
+        return values, penalties, self._answers(block, groups.W)[groups.row_index]
+
+    def select(self, block: int, groups, estimates, penalties, epsilon) -> int:
+        """``groups`` is a :class:`dpsql.mwem_groups.CandidateGroups` (rows of one matrix)."""
+        values, penalties, answers = self._selection_inputs(block, groups, estimates,
+                                                            penalties)
         # the sensitivity is recomputed here, from the rows, never taken from the caller
         sensitivity = float(group_sensitivities(groups.W, groups.starts, groups.stops).max())
         if not sensitivity > 0:
@@ -390,16 +395,8 @@ class MetricMeasureOracle(MeasureOracle):
     def select(self, block: int, groups, estimates, penalties, epsilon) -> int:
         from .dx_mechanisms import dx_exponential
 
-        if not isinstance(groups, CandidateGroups) or len(groups) == 0:
-            raise StrategyError("internal error: select needs non-empty CandidateGroups")
-        penalties = np.asarray(penalties, dtype=float).reshape(-1)
-        values = (estimates.values if isinstance(estimates, GroupValues) else
-                  np.concatenate([np.asarray(e, dtype=float).reshape(-1) for e in estimates]))
-        if penalties.size != len(groups) or values.size != groups.row_index.size \
-                or not np.all(np.isfinite(values)) or not np.all(np.isfinite(penalties)):
-            raise StrategyError("internal error: select needs finite estimates for every "
-                                "candidate row and one penalty per group")
-        answers = self._answers(block, groups.W)[groups.row_index]
+        values, penalties, answers = self._selection_inputs(block, groups, estimates,
+                                                            penalties)
         c = self._differences(block, groups.W).groups(groups.starts, groups.stops).max()
         c = self._positive(block, c)
         eps = self._spend(epsilon)

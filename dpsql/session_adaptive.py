@@ -55,12 +55,7 @@ class AdaptivePaths:
         with _interrupts_deferred() as interrupted:
             release_id, tables, result, private = self.kernel.release_adaptive(
                 con, policy, [w for w, _ in compiled], eps_exact, request, algorithm)
-            parts = []
-            for (workload, _), answers in zip(compiled, result.answers):
-                blank = np.full(len(answers), math.nan)
-                parts.extend((out, np.asarray(answers, dtype=float), blank, blank)
-                             for out in workload.outputs)
-            parts.sort(key=lambda part: part[0].query.index)
+            parts = _synthetic_parts([w for w, _ in compiled], result.answers)
             results = self._write(con, release_id, tables, policy, parts, replace)
             done.append(Release(release_id, policy.table, list(tables), float(eps), 0.0,
                                 strategy, math.nan, math.nan, results, private, name=name))
@@ -163,15 +158,23 @@ class AdaptivePaths:
         with _interrupts_deferred() as interrupted:
             release_id, tables, answers, private = self.kernel.release_adaptive_metric(
                 con, policy, workloads, graphs, metric_eps, request, algorithm)
-            parts = []
-            for workload, block_answers in zip(workloads, answers):
-                blank = np.full(len(block_answers), math.nan)
-                parts.extend((out, np.asarray(block_answers, dtype=float), blank, blank)
-                             for out in workload.outputs)
-            parts.sort(key=lambda part: part[0].query.index)
+            parts = _synthetic_parts(workloads, answers)
             results = self._write(con, release_id, tables, policy, parts, replace)
             done.append(Release(release_id, policy.table, list(tables), float(eps), 0.0,
                                 strategy, math.nan, math.nan, results, private, name=name))
         if interrupted:
             raise InterruptedAfterRelease(done[0])
         return done[0]
+
+
+def _synthetic_parts(workloads, answers) -> list:
+    """Result parts of a data-dependent release (MWEM, d_X MWEM, SmallDB): each block's
+    answers, no standard errors or intervals (their error depends on the data), in
+    statement order."""
+    parts = []
+    for workload, block_answers in zip(workloads, answers):
+        blank = np.full(len(block_answers), math.nan)
+        parts.extend((out, np.asarray(block_answers, dtype=float), blank, blank)
+                     for out in workload.outputs)
+    parts.sort(key=lambda part: part[0].query.index)
+    return parts
