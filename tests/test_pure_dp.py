@@ -120,3 +120,17 @@ def test_auto_under_pure_dp_picks_the_smallest_expected_error(tmp_path):
     assert e.rmse == min(c.rmse for c in usable)
     assert all(c.mechanism == "laplace" for c in usable)
     assert e.bound_rmse <= e.rmse
+
+
+@pytest.mark.parametrize("delta, family", [(1e-6, "laplace"), (0.2, "gaussian")])
+def test_auto_compares_both_families_and_picks_the_smaller_error(tmp_path, delta, family):
+    """Under an (ε, δ) budget auto weighs the best Gaussian and the best Laplace candidate;
+    which wins depends on δ (a large δ makes Gaussian noise cheap). Passing: both families
+    are candidates, the choice has the smallest expected RMSE of all, and the expected
+    family wins."""
+    db = make_adult_db(str(tmp_path / "a.duckdb"), epsilon=10, delta=0.5)
+    e = db.explain(BATCH, epsilon=0.5, delta=delta)
+    usable = [c for c in e.candidates if np.isfinite(c.rmse)]
+    assert {c.mechanism for c in usable} == {"gaussian", "laplace"}
+    assert e.rmse == min(c.rmse for c in usable)
+    assert e.mechanism == family
