@@ -42,9 +42,7 @@ from .results import Z95, Explanation as _Explanation
 #: the largest common refinement (cells) over which past releases are combined
 MAX_REFINED_CELLS = 4_000_000
 #: the most measurements (old and new) combined at once (an m x m eigendecomposition)
-MAX_MEASUREMENTS = 4096
-#: the most non-zeros of a measurement matrix expressed over the refined cells
-MAX_PRODUCT_NONZEROS = 20_000_000
+MAX_MEASUREMENTS = 2048
 #: a release whose strategy has more non-zeros than this is not kept for reuse (32 MB)
 MAX_STORED_NONZEROS = 4_000_000
 
@@ -220,21 +218,20 @@ class Pool:
     space of ``M̃``: ``‖w‖² = w M̃ᵀ G⁺ M̃ wᵀ`` (the squared norm of its projection)."""
 
     def __init__(self, policy, workload, records: list[Record]):
-        """Takes the newest records first while the refinement, the sparse products and the
-        number of measurements stay within their limits; ``self.records`` are those used,
+        """Takes the newest records first while the refinement and the number of
+        measurements stay within their limits; ``self.records`` are those used,
         ``self.skipped`` the ids of the others."""
         self.policy = policy
         base = [tuple((p.column, np.asarray(p.unit_to_part)) for p in workload.partitions)]
         kept: list[Record] = []
         self.skipped: list[int] = []
         m = 0
+        used = {p.column for p in workload.partitions}
         for rec in reversed(records):
+            if used and rec.partitions and not used & {c for c, _ in rec.partitions}:
+                continue      # on other columns only: it could inform the total at most
             trial = Refinement(policy, base + [r.partitions for r in kept] + [rec.partitions])
-            fits = (trial.n <= MAX_REFINED_CELLS and m + rec.A.shape[0] <= MAX_MEASUREMENTS
-                    and all(_product_nnz(r.A, trial.n) <= MAX_PRODUCT_NONZEROS
-                            for r in kept + [rec])
-                    and _product_nnz(sp.csr_matrix(workload.W), trial.n)
-                    <= MAX_PRODUCT_NONZEROS)
+            fits = trial.n <= MAX_REFINED_CELLS and m + rec.A.shape[0] <= MAX_MEASUREMENTS
             if fits:
                 kept.append(rec)
                 m += rec.A.shape[0]
@@ -243,8 +240,9 @@ class Pool:
         self.records = sorted(kept, key=lambda r: r.release_id)
         self.refinement = Refinement(policy, base + [r.partitions for r in self.records])
         self.P_new = self.refinement.aggregation(base[0])
-        self._terms = [(r, sp.csr_matrix(r.A @ self.refinement.aggregation(r.partitions)))
-                       for r in self.records]
+        # per term: its record and P (its cells <- refined cells); M = A P is never formed
+        self._terms = [(r, self.refinement.aggregation(r.partitions)) for r in self.records]
+        self._counts = np.asarray(self.P_new.sum(axis=1)).reshape(-1)   # refined per cell
         self._gram = None
 
     @property
@@ -253,13 +251,12 @@ class Pool:
 
     def can_add(self, record: Record) -> bool:
         """Whether a new measurement over the batch's cells fits the limits."""
-        m = sum(M.shape[0] for _, M in self._terms) + record.A.shape[0]
-        return (m <= MAX_MEASUREMENTS
-                and _product_nnz(record.A, self.refinement.n) <= MAX_PRODUCT_NONZEROS)
+        m = sum(rec.A.shape[0] for rec, _ in self._terms) + record.A.shape[0]
+        return m <= MAX_MEASUREMENTS
 
     def add(self, record: Record) -> int:
         """A measurement over the batch's own cells (the new part, planned); its term index."""
-        self._terms.append((record, sp.csr_matrix(record.A @ self.P_new)))
+        self._terms.append((record, self.P_new))
         self._gram = None
         return len(self._terms) - 1
 
@@ -268,40 +265,62 @@ class Pool:
         unchanged: they never depended on ``y``)."""
         from dataclasses import replace
 
-        rec, M = self._terms[term]
+        rec, P = self._terms[term]
         y = np.asarray(y, dtype=float).reshape(-1)
         if y.shape != rec.y.shape:
             raise ValueError("internal error: measured values do not match the plan")
-        self._terms[term] = (replace(rec, y=y), M)
+        self._terms[term] = (replace(rec, y=y), P)
 
     def refined(self, W) -> sp.csr_matrix:
         """The batch's rows over the refined cells."""
         return sp.csr_matrix(sp.csr_matrix(W) @ self.P_new)
 
     def _whitened(self) -> sp.csr_matrix:
-        return sp.vstack([M / math.sqrt(rec.variance) for rec, M in self._terms]).tocsr()
+        """``M̃`` over the refined cells (formed only for constrained post-processing)."""
+        return sp.vstack([sp.csr_matrix(rec.A @ P) / math.sqrt(rec.variance)
+                          for rec, P in self._terms]).tocsr()
+
+    def _through(self, P_left, j: int):
+        """``P_left P_jᵀ A_jᵀ / √v_j``: rows of ``P_left``'s cells against term j's
+        measurements, without expanding to the refined cells (``P_left P_jᵀ`` is the small
+        overlap matrix of the two partitions)."""
+        rec, P = self._terms[j]
+        C = sp.csr_matrix(P_left @ P.T)
+        out = C @ (rec.A.T if sp.issparse(rec.A) else np.asarray(rec.A).T)
+        out = out.toarray() if sp.issparse(out) else np.asarray(out)
+        return out / math.sqrt(rec.variance)
 
     def _decomposition(self):
-        """``M̃`` and ``G⁺`` (by a symmetric eigendecomposition of the m x m ``G``)."""
+        """``G⁺`` for ``G = M̃ M̃ᵀ``, block by block: ``G_ij = A_i (P_i P_jᵀ) A_jᵀ / √(v_i v_j)``
+        (a symmetric eigendecomposition of the m x m ``G``)."""
         if self._gram is None:
-            Mt = self._whitened()
-            G = (Mt @ Mt.T).toarray()
+            sizes = [rec.A.shape[0] for rec, _ in self._terms]
+            G = np.zeros((sum(sizes), sum(sizes)))
+            starts = np.concatenate([[0], np.cumsum(sizes)])
+            for i, (rec_i, P_i) in enumerate(self._terms):
+                for j in range(i, len(self._terms)):
+                    block = rec_i.A @ self._through(P_i, j) / math.sqrt(rec_i.variance)
+                    block = np.asarray(block)
+                    G[starts[i]:starts[i + 1], starts[j]:starts[j + 1]] = block
+                    G[starts[j]:starts[j + 1], starts[i]:starts[i + 1]] = block.T
             lam, V = la.eigh(G, check_finite=False)
             tol = max(float(lam.max(initial=0.0)), 0.0) * G.shape[0] * 1e-12
             keep = lam > tol
-            self._gram = (Mt, (V[:, keep] / lam[keep]) @ V[:, keep].T)
+            self._gram = (V[:, keep] / lam[keep]) @ V[:, keep].T
         return self._gram
 
     def _weights(self, W) -> tuple[np.ndarray, np.ndarray]:
         """(``c`` per row, estimable per row)."""
-        Wr = self.refined(W)
+        W = sp.csr_matrix(W)
         if not self._terms:
-            q = Wr.shape[0]
+            q = W.shape[0]
             return np.zeros((q, 0)), np.zeros(q, bool)
-        Mt, Gp = self._decomposition()
-        B = np.asarray((Wr @ Mt.T).todense())
+        Gp = self._decomposition()
+        # rows of W M̃ᵀ: W (P_new P_jᵀ) A_jᵀ / √v_j, term by term
+        B = np.hstack([np.asarray(W @ self._through(self.P_new, j))
+                       for j in range(len(self._terms))])
         C = B @ Gp
-        norm2 = np.asarray(Wr.multiply(Wr).sum(axis=1)).reshape(-1)
+        norm2 = np.asarray(W.multiply(W) @ self._counts).reshape(-1)    # ‖w P_new‖²
         proj2 = np.einsum("ij,ij->i", C, B)
         ok = norm2 - proj2 <= 1e-8 * np.maximum(norm2, 1.0)
         return C, ok
@@ -315,8 +334,8 @@ class Pool:
         """Per term, each answer's weights on that term's ``y``."""
         C, _ = self._weights(W)
         out, start = [], 0
-        for rec, M in self._terms:
-            stop = start + M.shape[0]
+        for rec, _ in self._terms:
+            stop = start + rec.A.shape[0]
             out.append(C[:, start:stop] / math.sqrt(rec.variance))
             start = stop
         return out
@@ -353,12 +372,6 @@ class Pool:
         post-processing (:func:`dpsql.inference.consistent`)."""
         ys = [rec.y / math.sqrt(rec.variance) for rec, _ in self._terms]
         return self._whitened(), np.concatenate(ys), self.refined(W)
-
-
-def _product_nnz(A, n_refined: int) -> float:
-    """Non-zeros of ``A P`` for a refinement of ``A``'s cells into ``n_refined`` cells."""
-    A = sp.csr_matrix(A)
-    return A.nnz * (n_refined / max(1, A.shape[1]))
 
 
 @dataclass
