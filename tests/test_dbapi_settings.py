@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from fractions import Fraction
 
 import pytest
@@ -11,22 +10,7 @@ import pytest
 from dpsql import dbapi
 
 from .conftest import snapshot
-from .test_dbapi import RACES, ledger
-
-
-@pytest.fixture
-def path(adult_template, tmp_path):
-    p = str(tmp_path / "adult.duckdb")
-    shutil.copyfile(adult_template, p)
-    return p
-
-
-@pytest.fixture
-def conn(path):
-    c = dbapi.connect(path, epsilon=0.1, delta=1e-8)
-    yield c
-    if not c.closed:
-        c.close()
+from .test_dbapi import RACES, conn, ledger, path  # noqa: F401 (shared fixtures)
 
 
 def test_accuracy_first_spends_only_when_confirmed(path):

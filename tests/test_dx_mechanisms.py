@@ -28,6 +28,7 @@ from dpsql.noise import SeededTestSampler
 
 from .conftest import ADULT_POLICY, make_adult_db, snapshot
 from .test_architecture import FORBIDDEN, _closure
+from .test_mwem_release import _Recorder
 from .test_metric import POLICY, compile_sql, model, ranges
 from .test_statistical import exact_answers
 
@@ -227,21 +228,6 @@ def test_smalldb_oracle_draws_the_prescribed_distribution():
 
 
 # ------------------------------------------------------------------ the metric oracle
-
-class _Recorder:
-    private = False
-
-    def __init__(self):
-        self.calls = []
-
-    def exponential(self, scores, epsilon, *, sensitivity):
-        self.calls.append(("em", np.array(scores), epsilon, sensitivity))
-        return int(np.argmax(scores))
-
-    def laplace(self, values, scale, *, sensitivity, epsilon=None):
-        self.calls.append(("lap", np.array(values), scale, sensitivity))
-        return np.array(values, dtype=float), 0.0
-
 
 def test_metric_oracle_computes_its_own_constants():
     Ws = sp.csr_matrix(W)
