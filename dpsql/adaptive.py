@@ -35,7 +35,9 @@ OPTIONS = {
     "iterate": "last|average",
     "replay": "integer 0..1000",
     "init_share": "number in [0, 1)",
+    "init": "histogram|marginals",
     "cuboids": "true|false",
+    "measure": "query|partition",
     "total_share": "number in (0, 1)",
 }
 
@@ -73,7 +75,7 @@ def _value(key: str, kind: str, text: str):
         if kind != "number" or not text.isdigit():
             raise StrategyError(f"mwem option {key!r} needs an integer, got {text!r}")
         return int(text)
-    if key == "iterate":
+    if key in ("iterate", "init", "measure"):
         return lower
     if key == "cuboids":
         if lower not in ("true", "false"):
@@ -100,7 +102,7 @@ def blocks_for(queries, policy):
                 if end or out.grouping_ids[k] != out.grouping_ids[k - 1]:
                     groups.append((start, out.start + k))
                     start = out.start + k
-        blocks.append(Block(workload.W, groups, workload.n_cells))
+        blocks.append(Block(workload.W, groups, workload.n_cells, shape=workload.shape))
     return compiled, blocks
 
 

@@ -25,12 +25,15 @@ class Block:
 
     ``W`` (``m × n_cells``, entries in [0, 1]) holds the block's queries over its cells in C
     order over the block's columns; ``groups`` are row ranges ``(start, stop)`` forming the
-    SQL outputs (a GROUP BY's rows), used as candidates when ``cuboids`` is on.
+    SQL outputs (a GROUP BY's rows), used as candidates when ``cuboids`` is on. ``shape``
+    (optional, public) is the cells' shape over the block's columns (C order, product
+    ``n_cells``); ``init="marginals"`` measures its one-column marginals.
     """
 
     W: sp.csr_matrix
     groups: tuple
     n_cells: int
+    shape: tuple | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.n_cells, bool) or not isinstance(self.n_cells, numbers.Integral) \
@@ -65,9 +68,20 @@ class Block:
                 raise StrategyError(f"Block.groups range {item!r} is not a nonempty range of "
                                     f"W's {m} rows: need integers 0 <= start < stop <= {m}")
             groups.append((int(start), int(stop)))
+        shape = self.shape
+        if shape is not None:
+            try:
+                shape = tuple(int(d) for d in shape)
+            except (TypeError, ValueError) as exc:
+                raise StrategyError(f"Block.shape must be a tuple of integers, got "
+                                    f"{self.shape!r}") from exc
+            if not shape or min(shape) < 1 or math.prod(shape) != n:
+                raise StrategyError(f"Block.shape {self.shape!r} does not describe the "
+                                    f"block's {n} cells (positive sizes, product {n})")
         object.__setattr__(self, "W", W)
         object.__setattr__(self, "groups", tuple(groups))
         object.__setattr__(self, "n_cells", n)
+        object.__setattr__(self, "shape", shape)
 
     @property
     def n_queries(self) -> int:
@@ -123,8 +137,10 @@ class MWEMOptions:
     rounds: int | str = "auto"          # T >= 1, or "auto" (doubling stages)
     iterate: str = "last"               # "last" (practice) or "average" (theory)
     replay: int = 10                    # extra MW passes over past measurements per round
-    init_share: Fraction = Fraction(0)  # share of ε for a noisy initial histogram
+    init_share: Fraction = Fraction(0)  # share of ε for a noisy initial distribution
+    init: str = "histogram"             # what init_share measures: "histogram" or "marginals"
     cuboids: bool = False               # candidates: whole output groups, else single rows
+    measure: str = "query"              # "query", or "partition": a box and its complement
     total: float | None = None          # public row count N; None: estimate it
     total_share: Fraction | None = None  # share of ε for N when total is None (default 1/20)
     max_stages: int = 5                 # rounds="auto": at most this many doubling stages
@@ -150,6 +166,12 @@ class MWEMOptions:
                 raise StrategyError(f"MWEMOptions.{name} must be an integer in "
                                     f"[{low}, {high}], got {value!r}")
             object.__setattr__(self, name, int(value))
+        if self.init not in ("histogram", "marginals"):
+            raise StrategyError(f"MWEMOptions.init must be 'histogram' or 'marginals', "
+                                f"got {self.init!r}")
+        if self.measure not in ("query", "partition"):
+            raise StrategyError(f"MWEMOptions.measure must be 'query' or 'partition', "
+                                f"got {self.measure!r}")
         if not isinstance(self.cuboids, bool):
             raise StrategyError(f"MWEMOptions.cuboids must be True or False, "
                                 f"got {self.cuboids!r}")

@@ -15,6 +15,7 @@ Two kinds of block state share the weight machinery of :class:`WeightState`:
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -190,6 +191,7 @@ class BlockState(WeightState):
         self.sensitivity = group_sensitivities(self.W, self.starts, self.stops)
         self.measured = np.zeros(self.starts.size, dtype=bool)
         self.intervals = interval_rows(self.W)
+        self.shape = block.shape or (block.n_cells,)
         super().__init__(block.n_cells)
 
     def estimates(self, total: float) -> np.ndarray:
@@ -234,6 +236,7 @@ class RangeState(WeightState):
         self.measured: set = set()
         self.n_queries = block.n_queries
         self.penalties = np.zeros(0)
+        self.shape = (block.n_cells,)
         super().__init__(block.n_cells)
 
     def prefix(self, total: float) -> np.ndarray:
@@ -268,6 +271,42 @@ def interval_rows(W: sp.csr_matrix):
     if not np.array_equal(hi - lo, nnz):
         return None
     return lo, hi
+
+
+#: the most pieces a box's partition may have (3^k for k axes); above, measure the box alone
+MAX_PIECES = 729
+
+
+def box_partition(rows: sp.csr_matrix, shape) -> sp.csr_matrix | None:
+    """The partition of the cell grid that a box query induces, the box first; else None.
+
+    ``rows`` is one 0/1 row over the cells of ``shape`` (C order). When its cells form a
+    box ``Π_j [lo_j, hi_j]``, each axis splits into below / inside / above the box, and the
+    products of the nonempty segments are disjoint boxes covering every cell: at most
+    ``3^k`` rows, the first being the query itself. Every cell lies in exactly one piece, so
+    the pieces' L1 sensitivity is 1, the same as the query alone's. Otherwise (not a box,
+    not 0/1, or more than :data:`MAX_PIECES` pieces) None.
+    """
+    if rows.shape[0] != 1 or rows.nnz == 0 or not np.all(rows.data == 1):
+        return None
+    shape = tuple(int(d) for d in shape)
+    if 3 ** len(shape) > MAX_PIECES:
+        return None
+    coords = np.unravel_index(rows.indices, shape)
+    lo = [int(c.min()) for c in coords]
+    hi = [int(c.max()) + 1 for c in coords]
+    if rows.nnz != math.prod(h - l for l, h in zip(lo, hi)):
+        return None
+    segments = [[(a, b) for a, b in ((lo_j, hi_j), (0, lo_j), (hi_j, n_j)) if b > a]
+                for lo_j, hi_j, n_j in zip(lo, hi, shape)]
+    grid = np.arange(math.prod(shape)).reshape(shape)
+    pieces = []
+    for combo in itertools.product(*segments):
+        cells = grid[tuple(slice(a, b) for a, b in combo)].reshape(-1)
+        pieces.append(cells)
+    indptr = np.concatenate([[0], np.cumsum([c.size for c in pieces])])
+    return sp.csr_matrix((np.ones(int(indptr[-1])), np.concatenate(pieces), indptr),
+                         shape=(len(pieces), rows.shape[1]))
 
 
 def make_state(block, cuboids: bool) -> WeightState:

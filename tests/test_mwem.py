@@ -107,8 +107,8 @@ def two_blocks(rng):
     W0 = np.vstack([np.kron(np.eye(3), np.ones(4)), np.kron(np.ones(3), np.eye(4)),
                     (rng.random((5, 12)) < 0.4).astype(float)])
     W1 = np.vstack([np.eye(5), np.tril(np.ones((5, 5)))])
-    b0 = Block(sp.csr_matrix(W0), [(0, 3), (3, 7)], 12)
-    b1 = Block(sp.csr_matrix(W1), [(0, 5)], 5)
+    b0 = Block(sp.csr_matrix(W0), [(0, 3), (3, 7)], 12, shape=(3, 4))
+    b1 = Block(sp.csr_matrix(W1), [(0, 5)], 5, shape=(5,))
     return b0, b1
 
 
@@ -351,6 +351,7 @@ class ReplayOracle:
     MWEMOptions(rounds=5, replay=0, iterate="average", total=1000),
     MWEMOptions(rounds=6, replay=2, cuboids=True, total_share=Fraction(1, 5)),
     MWEMOptions(rounds=4, replay=1, cuboids=True, iterate="average", total=1000),
+    MWEMOptions(rounds=6, replay=2, measure="partition", total=1000),
 ])
 def test_factored_blocks_match_the_flat_product_domain(opts):
     rng = np.random.default_rng(11)
@@ -374,7 +375,8 @@ def test_factored_blocks_match_the_flat_product_domain(opts):
     W_flat = sp.csr_matrix(np.vstack([lift(0, b0.W), lift(1, b1.W)]))
     groups = list(b0.groups) + [(m0 + s, m0 + e) for s, e in b1.groups]
     flat_oracle = ReplayOracle(x_flat, factored_oracle, factored, lift, [0, m0])
-    flat = run_mwem([Block(W_flat, groups, 60)], Fraction(3, 2), flat_oracle, opts)
+    flat = run_mwem([Block(W_flat, groups, 60, shape=(3, 4, 5))], Fraction(3, 2), flat_oracle,
+                    opts)
 
     assert not flat_oracle.choices and not flat_oracle.measures      # every draw replayed
     assert flat.rounds == factored.rounds

@@ -29,7 +29,9 @@ SELECT race, COUNT(*) FROM adult WHERE age >= 40 GROUP BY race;
 
 @pytest.mark.parametrize("spec", ["mwem", "mwem(rounds=3)", "mwem(rounds=4, cuboids=true)",
                                   "mwem(rounds=2, init_share=0.25, iterate=average)",
-                                  "mwem(rounds=3, total_share=0.1, replay=0)"])
+                                  "mwem(rounds=3, total_share=0.1, replay=0)",
+                                  "mwem(rounds=3, init=marginals, init_share=0.5, "
+                                  "measure=partition)"])
 def test_recorded_cost_is_exactly_the_requested_epsilon(tmp_path, spec):
     db = make_adult_db(str(tmp_path / "a.duckdb"), epsilon=5, delta=0,
                        sampler=SeededTestSampler(7))
@@ -81,7 +83,9 @@ def test_bad_options_are_refused_before_anything_is_charged(adult_db):
     before = snapshot(adult_db)
     for spec, match in [("mwem(rounds=0)", "rounds"), ("mwem(colour=red)", "no option"),
                         ("mwem(init_share=0.99, total_share=0.5)", "share"),
-                        ("mwem(cuboids=maybe)", "true or false")]:
+                        ("mwem(cuboids=maybe)", "true or false"),
+                        ("mwem(measure=everything)", "'query' or 'partition'"),
+                        ("mwem(init=zeros, init_share=0.2)", "'histogram' or 'marginals'")]:
         with pytest.raises(dpsql.DpsqlError, match=match):
             adult_db.answer(BATCH, epsilon=0.5, delta=0, strategy=spec)
     assert snapshot(adult_db) == before
