@@ -28,9 +28,9 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from ..domain import FALSE, TRUE, UNKNOWN, NotExpressible
+from ..domain import FALSE, TRUE, NotExpressible
 from ..errors import UnsupportedQueryError
-from .parse import Atom, BoolOp, Const, Predicate, Query
+from .parse import Atom, Const, Predicate, Query
 
 #: the largest number of cells one batch may use (the product of the parts)
 MAX_CELLS = 4_000_000
