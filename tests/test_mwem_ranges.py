@@ -178,23 +178,19 @@ def test_range_block_matches_the_explicit_all_ranges_block(opts):
     assert [m.rows for m in res.measurements] == [m.rows for m in ref.measurements]
 
 
-def test_range_block_is_accurate_and_fast_on_4096_cells():
-    """Every one of 8.4 M ranges, T = 20: well under the uniform guess, in seconds."""
-    import time
-
+def test_range_block_is_accurate_on_4096_cells():
+    """Every one of 8.4 M ranges, T = 20: well under the uniform guess (its speed on 4,357
+    cells is printed by benchmarks/mwem_adult.py; no wall-clock limit here)."""
     n, N = 4096, 30000
     rng = np.random.default_rng(8)
     x = np.bincount(np.clip(rng.normal(1000, 200, N).astype(int), 0, n - 1),
                     minlength=n).astype(float)
-    started = time.perf_counter()
     res = run_mwem([RangeBlock(n)], 1, RangeSeededOracle(x, seed=1),
                    MWEMOptions(rounds=20, replay=50, total=N))
-    seconds = time.perf_counter() - started
     truth = interval_answers(np.concatenate([[0], np.cumsum(x)]))
     uniform = interval_answers(np.concatenate([[0], np.cumsum(np.full(n, N / n))]))
     assert res.answers[0].size == n * (n + 1) // 2
     assert np.mean((res.answers[0] - truth) ** 2) < 0.01 * np.mean((uniform - truth) ** 2)
-    assert seconds < 30
 
 
 def test_select_interval_answers_are_checked_and_range_blocks_validated():
