@@ -6,9 +6,12 @@ Public inputs only (the session charges and the kernel runs the algorithm). A re
 variants, see :mod:`dpsql.mwem`):
 
 ``rounds`` (integer ≥ 1 or ``auto``), ``iterate`` (``last`` or ``average``), ``replay``
-(integer), ``init_share`` (share of ε for a noisy initial histogram), ``cuboids``
-(``true``: select and measure whole GROUP BY groups), ``total_share`` (share of ε for the row
-count when the policy does not declare ``rows`` public).
+(integer), ``init_share`` (share of ε for a noisy initial distribution), ``init``
+(``histogram``, or ``marginals``: the product of the noisy one-column marginals), ``cuboids``
+(``true``: select and measure whole GROUP BY groups), ``measure`` (``query``, or
+``partition``: a selected range or rectangle together with the boxes around it, at the same
+cost), ``total_share`` (share of ε for the row count when the policy does not declare
+``rows`` public).
 
 MWEM's error depends on the data, so explain gives no expected RMSE: it states the paper's
 worst-case bound (Theorem 2.3) instead. The same holds for ``dx_mwem(...)`` (the same options

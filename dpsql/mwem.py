@@ -75,7 +75,8 @@ same choices and noise it equals the explicit all-ranges block (tested).
   first (:func:`dpsql.mwem_state.box_partition`). Disjoint rows have L1 sensitivity 1, the
   query's own, so the step costs the same ``ε/(2T)`` and the noise on the query is the same,
   but MW learns up to ``3^k − 1`` more counts; each piece is applied as its own update.
-  Groups (``cuboids``) and non-box rows are measured as before.
+  Groups (``cuboids``), non-box rows and blocks of more than four columns (``3^k > 81``
+  pieces) are measured as before.
 - ``total``: the public row count ``N`` (declared in the policy), or ``None`` to spend
   ``total_share`` of ε on the all-ones row of block 0; the noisy count is floored at 1.
 

@@ -210,7 +210,8 @@ class MWEMMeasurement:
     block: int
     rows: tuple          # (start, stop) rows of the block's W (a RangeBlock: (r, r + 1),
                          # r = interval_index(n, lo, hi)); None for total / init
-    noisy: np.ndarray
+    noisy: np.ndarray    # measure="partition": the query's value first, then the boxes
+                         # around it (mwem_state.box_partition's order)
     scale: float         # Laplace scale b
     round: int | None = None
 

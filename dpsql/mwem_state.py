@@ -273,8 +273,9 @@ def interval_rows(W: sp.csr_matrix):
     return lo, hi
 
 
-#: the most pieces a box's partition may have (3^k for k axes); above, measure the box alone
-MAX_PIECES = 729
+#: the most pieces a box's partition may have (3^k for k axes: up to 4 axes); above, the
+#: box is measured alone (each piece is a separate update in every replay pass)
+MAX_PIECES = 81
 
 
 def box_partition(rows: sp.csr_matrix, shape) -> sp.csr_matrix | None:
@@ -285,7 +286,7 @@ def box_partition(rows: sp.csr_matrix, shape) -> sp.csr_matrix | None:
     products of the nonempty segments are disjoint boxes covering every cell: at most
     ``3^k`` rows, the first being the query itself. Every cell lies in exactly one piece, so
     the pieces' L1 sensitivity is 1, the same as the query alone's. Otherwise (not a box,
-    not 0/1, or more than :data:`MAX_PIECES` pieces) None.
+    not 0/1, or a shape whose ``3^k`` exceeds :data:`MAX_PIECES`) None.
     """
     if rows.shape[0] != 1 or rows.nnz == 0 or not np.all(rows.data == 1):
         return None
