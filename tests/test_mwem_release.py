@@ -79,6 +79,19 @@ def test_aborted_run_refunds_nothing(tmp_path, monkeypatch):
                                "WHERE table_name LIKE 'dp_r%'").fetchone()[0]
 
 
+def test_explain_suggests_the_variants_for_ranges_over_several_columns(adult_db):
+    rect = ("SELECT COUNT(*) FROM adult WHERE age BETWEEN 20 AND 40 "
+            "AND hours_per_week >= 20 AND hours_per_week < 60")
+    plain = adult_db.explain(rect, epsilon=0.5, delta=0, strategy="mwem(rounds=5)")
+    assert "init=marginals" in plain.candidates[0].note
+    tuned = adult_db.explain(rect, epsilon=0.5, delta=0, strategy="mwem(rounds=5, "
+                             "init=marginals, init_share=0.5, measure=partition)")
+    assert "hint" not in tuned.candidates[0].note
+    one = adult_db.explain("SELECT COUNT(*) FROM adult WHERE age < 30", epsilon=0.5,
+                           delta=0, strategy="mwem")
+    assert "hint" not in one.candidates[0].note
+
+
 def test_bad_options_are_refused_before_anything_is_charged(adult_db):
     before = snapshot(adult_db)
     for spec, match in [("mwem(rounds=0)", "rounds"), ("mwem(colour=red)", "no option"),
