@@ -64,9 +64,10 @@ same choices and noise it equals the explicit all-ranges block (tested).
   Laplace step, whose L1 sensitivity is the number of columns ``k`` (every cell lies in one
   value of each column) — and start from their product, each marginal clipped and raised by
   the Laplace scale as above. The marginal rows join the replayed measurements. On
-  ``age × hours_per_week`` (7,326 cells) ``k + Σ n_j`` = 175 noisy counts replace 7,326:
-  the noisy histogram at ε·share is mostly noise there, the marginals are not, and the
-  product is a far better start than uniform for range queries (benchmarks/mwem_adult.py).
+  ``age × hours_per_week`` (7,326 cells) ``Σ n_j`` = 74 + 99 = 173 noisy counts replace
+  7,326: the noisy histogram at ε·share is mostly noise there, the marginals are not, and
+  the product is a far better start than uniform for range queries
+  (benchmarks/mwem_adult.py).
   A block of one column (or without a declared shape) measures its histogram.
 - ``measure="partition"`` (our variant): when the selected query is a single 0/1 *box* —
   a range, or a rectangle ``Π_j [lo_j, hi_j]`` over the block's shape — measure in the
