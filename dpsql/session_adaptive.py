@@ -55,13 +55,20 @@ class AdaptivePaths:
         with _interrupts_deferred() as interrupted:
             release_id, tables, result, private = self.kernel.release_adaptive(
                 con, policy, [w for w, _ in compiled], eps_exact, request, algorithm)
-            parts = _synthetic_parts([w for w, _ in compiled], result.answers)
-            results = self._write(con, release_id, tables, policy, parts, replace)
-            done.append(Release(release_id, policy.table, list(tables), float(eps), 0.0,
-                                strategy, math.nan, math.nan, results, private, name=name))
+            done.append(self._publish(con, policy, [w for w, _ in compiled], result.answers,
+                                      release_id, tables, private, eps, strategy, name,
+                                      replace))
         if interrupted:
             raise InterruptedAfterRelease(done[0])
         return done[0]
+
+    def _publish(self, con, policy, workloads, answers, release_id, tables, private, eps,
+                 strategy, name, replace) -> Release:
+        """Write a data-dependent release's answers (no standard errors) as its tables."""
+        parts = _synthetic_parts(workloads, answers)
+        results = self._write(con, release_id, tables, policy, parts, replace)
+        return Release(release_id, policy.table, list(tables), float(eps), 0.0, strategy,
+                       math.nan, math.nan, results, private, name=name)
 
     @staticmethod
     def _model(model, dlt, strategy) -> str:
@@ -158,10 +165,8 @@ class AdaptivePaths:
         with _interrupts_deferred() as interrupted:
             release_id, tables, answers, private = self.kernel.release_adaptive_metric(
                 con, policy, workloads, graphs, metric_eps, request, algorithm)
-            parts = _synthetic_parts(workloads, answers)
-            results = self._write(con, release_id, tables, policy, parts, replace)
-            done.append(Release(release_id, policy.table, list(tables), float(eps), 0.0,
-                                strategy, math.nan, math.nan, results, private, name=name))
+            done.append(self._publish(con, policy, workloads, answers, release_id, tables,
+                                      private, eps, strategy, name, replace))
         if interrupted:
             raise InterruptedAfterRelease(done[0])
         return done[0]
