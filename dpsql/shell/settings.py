@@ -19,12 +19,12 @@ from ..errors import show_exact  # noqa: F401  (re-exported for the shell module
 
 from ..accounting import validate_delta, validate_epsilon
 from ..errors import DpsqlError, PrivacyParameterError
-from ..scripts import MODELS, check_model, check_strategy, check_target
+from ..scripts import MODELS, check_asks, check_model, check_strategy, check_target
+from ..sql.script import ASKS   # how a query asks: by one of them at most
 
 DEFAULT_CONFIRM_SHARE = Fraction(1, 4)
 SETTINGS = ("epsilon", "target_rmse", "max_stderr", "delta", "strategy", "model",
             "nonnegative", "integer", "reuse", "confirm", "confirm_share")
-ASKS = ("epsilon", "target_rmse", "max_stderr")     # how a query asks: one of them at most
 TARGETS = ASKS[1:]
 FLAGS = ("nonnegative", "integer", "reuse", "confirm")
 ON, OFF = ("on", "true", "yes", "1"), ("off", "false", "no", "0")
@@ -110,12 +110,7 @@ class ShellState:
                  interactive: bool = True, target_rmse=None, max_stderr=None,
                  nonnegative: bool = False, integer: bool = False, confirm: bool = False,
                  reuse: bool = True):
-        given = [k for k, v in zip(ASKS, (epsilon, target_rmse, max_stderr)) if v is not None]
-        if len(given) > 1:
-            raise PrivacyParameterError(
-                f"{' and '.join('--' + k.replace('_', '-') for k in given)} are both given; a "
-                "query asks either by epsilon or by an accuracy target (the smallest epsilon "
-                "meeting it), not both; drop one")
+        check_asks(epsilon, target_rmse, max_stderr, flags=True, who="query")
         self.session = session
         self.epsilon: Fraction | None = epsilon
         self.target_rmse: Fraction | None = target_rmse

@@ -77,12 +77,16 @@ def check_flag(value, name: str) -> bool:
     return value
 
 
-def check_asks(epsilon, target_rmse, max_stderr, where: str = "") -> None:
-    """At most one of epsilon and the accuracy targets: a request asks by one of them."""
+def check_asks(epsilon, target_rmse, max_stderr, where: str = "", flags: bool = False,
+               who: str = "request") -> None:
+    """At most one of epsilon and the accuracy targets: a request asks by one of them.
+    ``flags``: name them as command-line flags (``--target-rmse``)."""
     given = [n for n, v in zip(ASKS, (epsilon, target_rmse, max_stderr)) if v is not None]
+    if flags:
+        given = ["--" + n.replace("_", "-") for n in given]
     if len(given) > 1:
         raise PrivacyParameterError(
-            f"{' and '.join(given)} are both given{where}; a request asks either by epsilon "
+            f"{' and '.join(given)} are both given{where}; a {who} asks either by epsilon "
             "or by an accuracy target (target_rmse or max_stderr, which spends the smallest "
             "epsilon meeting it), not both; drop one")
 
