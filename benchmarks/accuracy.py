@@ -5,8 +5,8 @@
 For the strategy benchmark's workloads and ε ∈ {0.1, 0.5, 1, 4} at δ = 1e-6 it prints the best
 Gaussian strategy's expected workload RMSE (dpsql's analytic calibration with the sampler's
 grid slack, exactly as releases use), the best Laplace strategy's (pure ε, L1 sensitivity,
-``dpsql.laplace.laplace_scale``), and what ``auto`` picks: the smaller of the two, by the
-same code path as :func:`dpsql.selection.select` (``noise_scale`` on each candidate's plan;
+``dpsql.noise.laplace.laplace_scale``), and what ``auto`` picks: the smaller of the two, by the
+same code path as :func:`dpsql.mechanisms.matrix.select` (``noise_scale`` on each candidate's plan;
 the error factor ``tr(V (AᵀA)⁺)`` is computed once per plan, as the plans do not depend on ε).
 The last column checks the claim that ``auto`` is never worse than either family. Expected
 errors are exact (no simulation); a benchmark, not a test: it always exits 0.
@@ -30,9 +30,9 @@ from fractions import Fraction
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from dpsql.errors import StrategyError  # noqa: E402
-from dpsql.inference import LeastSquares  # noqa: E402
-from dpsql.selection import noise_scale, registry  # noqa: E402
-from dpsql.workloads import all_range, prefix  # noqa: E402
+from dpsql.inference.least_squares import LeastSquares  # noqa: E402
+from dpsql.mechanisms.matrix import noise_scale, registry  # noqa: E402
+from dpsql.strategies.synthetic import all_range, prefix  # noqa: E402
 
 from strategies import marginals_2way, random_predicates  # noqa: E402
 
@@ -87,8 +87,9 @@ def consistency_effect(releases: int) -> None:
     import numpy as np
 
     import dpsql
-    from dpsql import engine
-    from dpsql.noise import SeededTestSampler
+    from dpsql.store import database as engine
+    from dpsql.engines import duckdb as data_engine
+    from dpsql.noise.samplers import SeededTestSampler
     from dpsql.sql.compile import compile_workload
     from dpsql.sql.parse import parse_batch
 
@@ -105,7 +106,7 @@ def consistency_effect(releases: int) -> None:
     workload = compile_workload(parse_batch(CONSISTENCY_SQL, lambda name, node: policy),
                                 policy)
     with db.db.connect() as c:
-        x = engine.data_vector(c, "adult", [(p.column, policy.column(p.column), p.unit_to_part)
+        x = data_engine.data_vector(c, "adult", [(p.column, policy.column(p.column), p.unit_to_part)
                                             for p in workload.partitions], workload.n_cells)
     true = np.asarray(workload.W @ x).reshape(-1)
     print(f"\nconsistency on Adult ({releases} seeded releases each, epsilon = 0.1, "

@@ -5,7 +5,7 @@
 Generates ``N`` rows (default 10,000,000) inside DuckDB (in memory, or with ``--file`` in a
 temporary database file, compressed as real data would be), compiles a few realistic
 batches through dpsql's real code path (policy -> parse -> compile ->
-``engine.data_vector``) and times the data vector against
+``data_engine.data_vector``) and times the data vector against
 ``SELECT <same raw columns>, count(*) FROM t GROUP BY ALL``.
 Each query runs once to warm up, then ``R`` times (default 3; dpsql and plain runs are
 interleaved); the table shows the best and the median, and the ratio dpsql / plain of the
@@ -13,7 +13,7 @@ best times (target: <= 2).
 
 With verification on (the default) every data vector is also checked against an independent
 reference: the plain query's raw groups mapped to cells in NumPy by the out-of-domain rules
-of :mod:`dpsql.domain` (clamping, step flooring, ``other``, NULL handling).
+of :mod:`dpsql.workload.domain` (clamping, step flooring, ``other``, NULL handling).
 
 It is a benchmark, not a test: it prints PASS / FAIL and always exits 0.
 """
@@ -32,9 +32,11 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from dpsql import engine  # noqa: E402
-from dpsql.domain import CategoricalDomain, IntegerDomain, NumericDomain  # noqa: E402
-from dpsql.policy import table_policy_from_spec  # noqa: E402
+from dpsql.store import database as engine
+
+from dpsql.engines import duckdb as data_engine
+from dpsql.workload.domain import CategoricalDomain, IntegerDomain, NumericDomain  # noqa: E402
+from dpsql.policy.policy import table_policy_from_spec  # noqa: E402
 from dpsql.sql.compile import compile_workload  # noqa: E402
 from dpsql.sql.parse import parse_batch  # noqa: E402
 
@@ -147,7 +149,7 @@ def timed(fns, repeat: int) -> list[list[float]]:
 
 
 def _units(domain, values: list) -> np.ndarray:
-    """Unit of each raw value, by the rules in dpsql.domain (independent of engine SQL)."""
+    """Unit of each raw value, by the rules in dpsql.workload.domain (independent of engine SQL)."""
     if isinstance(domain, CategoricalDomain):
         index = {v: i for i, v in enumerate(domain.values)}
         null_unit = domain.null_unit if domain.nullable else domain.other_unit
@@ -213,7 +215,7 @@ def main(argv=None) -> int:
         n_cells = w.n_cells
 
         def dp():
-            return engine.data_vector(con, "t", columns, n_cells)
+            return data_engine.data_vector(con, "t", columns, n_cells)
 
         x = dp()
         if x.sum() != args.rows:

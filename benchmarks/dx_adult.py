@@ -29,7 +29,7 @@ constraint program — ``edges`` or ``pairs`` — and the number of distinct con
   remove-one DP at ε, a different (and for far-apart values stronger) guarantee;
 - dpsql's best pure ε-DP matrix-mechanism strategy ("MM": ``db.explain(..., delta=0)``,
   ``auto``; explained once at ε = 1, each candidate's expected RMSE rescaled exactly with
-  :func:`dpsql.selection.noise_scale` — the 2-D selection takes minutes on a loaded
+  :func:`dpsql.mechanisms.matrix.noise_scale` — the 2-D selection takes minutes on a loaded
   machine, so ``--quick`` skips it there) at ε·d_min — the paper baseline's calibration with
   an optimised strategy instead of noise on every query — and at ε. Add / remove DP at ε'
   gives change-one loss at most 2ε', so MM at ε·d_min/2 (RMSE twice the "at ε·d_min"
@@ -67,10 +67,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import dpsql  # noqa: E402
-from dpsql import selection  # noqa: E402
+from dpsql.mechanisms import matrix as selection
 from dpsql.sql.compile import compile_workload  # noqa: E402
 from dpsql.sql.parse import parse_batch  # noqa: E402
-from dpsql.strategies.base import exact_l1_sensitivity  # noqa: E402
+from dpsql.workload.matrix import exact_l1_sensitivity  # noqa: E402
 
 SHARED_CSV = ROOT.parent / "shared" / "data" / "adult.csv"
 PACKAGED_CSV = ROOT / "dpsql" / "data" / "adult.csv.gz"

@@ -19,8 +19,8 @@ from pathlib import Path
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dpsql.strategies.l1 import L1_REGISTRY, l1_expected_rmse  # noqa: E402
-from dpsql.workloads import all_range  # noqa: E402
+from dpsql.strategies.laplace.candidates import L1_REGISTRY, l1_expected_rmse  # noqa: E402
+from dpsql.strategies.synthetic import all_range  # noqa: E402
 
 EPSILON = 0.5
 TARGET_SECONDS = 3.0

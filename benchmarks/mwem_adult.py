@@ -11,9 +11,9 @@ assumes N known: MWEM spends no budget on it; the data-independent strategies do
 Domains are the attributes' natural unit domains, as in the paper:
 
 - (a) ``capital_loss`` integer 0..4356, step 1 (4,357 cells), **all** 9,488,403 range
-  queries ``[lo, hi]``. MWEM runs on :class:`dpsql.mwem.RangeBlock` — the implicit form:
+  queries ``[lo, hi]``. MWEM runs on :class:`dpsql.mechanisms.mwem.core.RangeBlock` — the implicit form:
   no query is ever listed; estimates and the exponential mechanism over all ranges use
-  prefix sums (:class:`dpsql.mwem_groups.AllIntervals`: an exact two-stage draw,
+  prefix sums (:class:`dpsql.mechanisms.mwem.groups.AllIntervals`: an exact two-stage draw,
   ``O(n log n)`` a round). The error is averaged over every one of the 9.5 M ranges.
 - (a') the same column and cells, 2,000 random ranges (the paper's setup: both ends uniform
   on the cells, sorted; seed 5), explicit rows.
@@ -28,7 +28,7 @@ Domains are the attributes' natural unit domains, as in the paper:
 For each ε ∈ {0.01, 0.05, 0.1, 0.5, 1} the table shows the average squared error per query
 (total squared error / number of queries, the paper's metric) of
 
-- **MWEM** (:func:`dpsql.mwem.run_mwem`) with the paper's practical variants: last iterate,
+- **MWEM** (:func:`dpsql.mechanisms.mwem.core.run_mwem`) with the paper's practical variants: last iterate,
   uniform start, ``replay`` (every past measurement re-applied after each round; the paper
   does this "as long as any previously measured pair is poorly reflected"). (a), (a'), (b):
   single-query candidates, ``replay = 300`` (fixed in advance for all three, from a
@@ -40,7 +40,7 @@ For each ε ∈ {0.01, 0.05, 0.1, 0.5, 1} the table shows the average squared er
   the table reports the best T in hindsight (as the paper's figures do; this favours MWEM)
   and its mean MSE with the standard error of that mean;
 - **MWEM+** (rows ``(a'+)`` and ``(b+)``): the same runs with dpsql's variants for range
-  workloads (:mod:`dpsql.mwem`'s docstring). ``(a'+)``: ``measure="partition"`` (each
+  workloads (:mod:`dpsql.mechanisms.mwem.core`'s docstring). ``(a'+)``: ``measure="partition"`` (each
   selected range measured together with the two ranges beside it, one Laplace step of
   sensitivity 1), otherwise as (a'). ``(b+)``: ``init="marginals"`` with ``init_share =
   1/2`` (the start is the product of the noisy ``age`` and ``hours_per_week`` marginals) and
@@ -54,7 +54,7 @@ For each ε ∈ {0.01, 0.05, 0.1, 0.5, 1} the table shows the average squared er
   would permit exact release of individual records"). The "MWEM wins?" column compares
   with this bound;
 - **svdb pure ε**: the same bound with Laplace noise, ``2/ε²`` per unit of sensitivity
-  (:func:`dpsql.selection.bound_rmse`): no pure-DP matrix-mechanism strategy beats it;
+  (:func:`dpsql.mechanisms.matrix.bound_rmse`): no pure-DP matrix-mechanism strategy beats it;
 - the **best data-independent pure-DP strategy dpsql offers**: every candidate ``auto``
   compares under δ = 0 (dpsql's Laplace family: identity, workload, hierarchical, wavelet,
   fourier, eigen — skipped where it does not apply, with the reason printed), its *expected*
@@ -62,17 +62,17 @@ For each ε ∈ {0.01, 0.05, 0.1, 0.5, 1} the table shows the average squared er
   from the Gram matrix ``WᵀW = [(min(i,j)+1)(n − max(i,j))]`` (no W needed); svdb there
   from its closed-form spectrum ``λ_k = (n+1) / (4 sin²(kπ / (2(n+1))))`` (``WᵀW`` is
   ``n + 1`` times the inverse of the Dirichlet second-difference matrix; checked against a
-  dense eigendecomposition at n = 300). (c) through :func:`dpsql.selection.select`.
+  dense eigendecomposition at n = 300). (c) through :func:`dpsql.mechanisms.matrix.select`.
 
 Simulation. MWEM runs against :class:`dpsql.kernel.MeasureOracle` — the kernel's own oracle
-class — holding the true data vector, with :class:`dpsql.noise.SeededTestSampler` (seeded
+class — holding the true data vector, with :class:`dpsql.noise.samplers.SeededTestSampler` (seeded
 continuous Laplace and Gumbel-max exponential mechanism) instead of OpenDP's exact samplers.
 (a) uses the kernel oracle's ``select_interval`` (the protocol method of
-:class:`dpsql.mwem.MeasureOracle` for a RangeBlock: the exponential mechanism over all ranges,
+:class:`dpsql.mechanisms.mwem.core.MeasureOracle` for a RangeBlock: the exponential mechanism over all ranges,
 charged through the oracle's exact accounting, drawn with its sampler; the results file's
 (a) rows were produced by an equivalent benchmark-side subclass, now removed, making the
 same calls). Data vectors are counted by the benchmark's own DuckDB query and checked
-against :func:`dpsql.engine.data_vector`. Not private: a benchmark, not a release.
+against :func:`dpsql.engines.duckdb.data_vector`. Not private: a benchmark, not a release.
 
 (b) by number of rectangles: the paper's Figure 2 (1) varies the number of random range
 queries at fixed ε. A second table runs (b) on its first k ∈ {50, 200, 2000} rectangles (the
@@ -113,17 +113,21 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import dpsql  # noqa: E402
-from dpsql import adaptive, engine, selection  # noqa: E402
-from dpsql.domain import CategoricalDomain, IntegerDomain  # noqa: E402
+from dpsql.mechanisms import catalog as adaptive
+from dpsql.store import database as engine
+from dpsql.engines import duckdb as data_engine
+from dpsql.mechanisms import matrix as selection
+from dpsql.workload.domain import CategoricalDomain, IntegerDomain  # noqa: E402
 from dpsql.errors import StrategyError  # noqa: E402
-from dpsql.inference import LeastSquares  # noqa: E402
+from dpsql.inference.least_squares import LeastSquares  # noqa: E402
 from dpsql.kernel import MeasureOracle  # noqa: E402
-from dpsql.mwem import Block, MWEMOptions, RangeBlock, interval_answers, run_mwem  # noqa: E402
-from dpsql.noise import SeededTestSampler, calibrate_with_rounding  # noqa: E402
-from dpsql.policy import load_policy  # noqa: E402
+from dpsql.mechanisms.mwem.core import Block, MWEMOptions, RangeBlock, interval_answers, run_mwem  # noqa: E402
+from dpsql.noise.gaussian import calibrate_with_rounding
+from dpsql.noise.samplers import SeededTestSampler
+from dpsql.policy.policy import load_policy  # noqa: E402
 from dpsql.sql.parse import parse_batch  # noqa: E402
-from dpsql.strategies.base import WorkloadInfo  # noqa: E402
-from dpsql.strategies.l1 import L1_AUTO_CANDIDATES, L1_REGISTRY  # noqa: E402
+from dpsql.workload.matrix import WorkloadInfo  # noqa: E402
+from dpsql.strategies.laplace.candidates import L1_AUTO_CANDIDATES, L1_REGISTRY  # noqa: E402
 
 SHARED_CSV = ROOT.parent / "shared" / "data" / "adult.csv"
 PACKAGED_CSV = ROOT / "dpsql" / "data" / "adult.csv.gz"
@@ -232,11 +236,11 @@ def data_vector(con, policy, columns, n_cells: int) -> np.ndarray:
     idx = [u2p[units[:, i]] for i, (_, u2p) in enumerate(columns)]
     shape = tuple(int(u2p.max()) + 1 for _, u2p in columns)
     x = np.bincount(np.ravel_multi_index(idx, shape), weights=counts, minlength=n_cells)
-    ref = engine.data_vector(con, "adult", [(name, d, u2p) for (name, u2p), d
+    ref = data_engine.data_vector(con, "adult", [(name, d, u2p) for (name, u2p), d
                                             in zip(columns, doms)], n_cells)
     if not np.array_equal(x, ref):                  # cross-check: the kernel's own count
         raise SystemExit("data vector mismatch between the benchmark's query and dpsql's "
-                         "engine.data_vector")
+                         "data_engine.data_vector")
     return x
 
 

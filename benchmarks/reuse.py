@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import dpsql  # noqa: E402
-from dpsql.noise import SeededTestSampler  # noqa: E402
+from dpsql.noise.samplers import SeededTestSampler
 
 SHARED = ROOT.parent / "shared" / "data" / "adult.csv"
 PACKAGED = ROOT / "dpsql" / "data" / "adult.csv.gz"

@@ -14,7 +14,7 @@ batches on the Adult data. A benchmark, not a test: it always exits 0.
 ``coa`` (Yuan et al.'s Newton method) is run cold (from ``X = I``, through its homotopy) on
 workloads of at most ``--coa-cold-max`` cells (default 256); on larger ones a cold run
 takes minutes (~170 s at n = 1024), so it is warm-started from ``optimal``'s strategy
-(``X₀ = AᵀA``, the warm start :meth:`dpsql.strategies.coa.COA.plan` offers) and marked
+(``X₀ = AᵀA``, the warm start :meth:`dpsql.strategies.gaussian.coa.COA.plan` offers) and marked
 ``w``: its seconds are COA's own, after ``optimal``'s. The last column checks the issue's
 claim that ``coa`` is never worse than any strategy: its RMSE over the best other one
 (``<= 1`` up to the certified gap of 1e-6 and the 2**-20 grid). Unusable strategies print
@@ -36,9 +36,9 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from dpsql.errors import StrategyError  # noqa: E402
-from dpsql.inference import LeastSquares  # noqa: E402
+from dpsql.inference.least_squares import LeastSquares  # noqa: E402
 from dpsql.strategies import REGISTRY, WorkloadInfo  # noqa: E402
-from dpsql.workloads import all_range, prefix  # noqa: E402
+from dpsql.strategies.synthetic import all_range, prefix  # noqa: E402
 
 EPSILON, DELTA = 0.5, 1e-4
 SIGMA_1 = math.sqrt(2 * math.log(2 / DELTA)) / EPSILON   # paper's σ for sensitivity 1
@@ -95,7 +95,7 @@ def adult_workloads() -> dict:
     """Compile the SQL batches against the shipped policy (no data is read)."""
     from importlib import resources
 
-    from dpsql.policy import load_policy
+    from dpsql.policy.policy import load_policy
     from dpsql.sql.compile import compile_workload
     from dpsql.sql.parse import parse_batch
 

@@ -7,10 +7,10 @@
     release = db.answer("SELECT sex, COUNT(*) FROM adult GROUP BY sex", epsilon=0.5, delta=1e-6)
 """
 
-from .errors import (BudgetExceededError, DpsqlError, EngineError, LockTimeoutError,
+from dpsql.errors import (BudgetExceededError, DpsqlError, EngineError, LockTimeoutError,
                      ParseError, PolicyError, PrivacyParameterError, StrategyError,
                      UnsupportedQueryError)
-from .session import InterruptedAfterRelease, Session, connect
+from dpsql.session import InterruptedAfterRelease, Session, connect
 
 __version__ = "0.1.0"
 

@@ -16,9 +16,9 @@ the count fail; this ordering is the backstop.) If anything fails after the char
 budget stays spent (never a free retry of fresh noise).
 
 Exactness of ``A x``: the sampler rounds ``A x`` to its grid and adds exact lattice noise,
-with the rounding charged in the sensitivity (see :mod:`dpsql.noise`). That argument needs
+with the rounding charged in the sensitivity (see :mod:`dpsql.noise.gaussian`). That argument needs
 ``A x`` computed exactly: plans carry entries on the 2**-20 grid with magnitude at most 1
-(:func:`dpsql.strategies.base.make_plan`), which makes float64 products exact for tables
+(:func:`dpsql.workload.matrix.make_plan`), which makes float64 products exact for tables
 of fewer than 2**32 rows; the kernel refuses any other plan rather than risk a
 floating-point leak.
 """
@@ -32,11 +32,12 @@ from fractions import Fraction
 import numpy as np
 import scipy.sparse as sp
 
-from . import engine, ledger
-from .errors import StrategyError
-from .noise import SecureGaussianSampler
-from .mwem_groups import AllIntervals, CandidateGroups, GroupValues, group_sensitivities
-from .strategies.base import EXACT_ROWS, QUANTUM_BITS, Plan, exact_l1_sensitivity
+from dpsql.engines import duckdb as engine
+from dpsql.store import ledger
+from dpsql.errors import StrategyError
+from dpsql.noise.samplers import SecureGaussianSampler
+from dpsql.mechanisms.mwem.groups import AllIntervals, CandidateGroups, GroupValues, group_sensitivities
+from dpsql.workload.matrix import EXACT_ROWS, QUANTUM_BITS, Plan, exact_l1_sensitivity
 
 
 
@@ -104,7 +105,7 @@ class Kernel:
         """Charge, read ``x``, return ``y_k = (W x)_k + Laplace(b_k)`` (d_X Laplace).
 
         Privacy (Kamalaruban et al., d_X-private Laplace): the scales come from
-        :func:`dpsql.dx.dx_laplace_scales`, which verified ``Σ_k |W[k,i] − W[k,j]| / b_k ≤
+        :func:`dpsql.mechanisms.dx.scales.dx_laplace_scales`, which verified ``Σ_k |W[k,i] − W[k,j]| / b_k ≤
         ε·d(i, j)`` for every pair of cells; with independent Laplace noise of scale ``b_k``
         per query the output densities for neighbours ``i → j`` differ by at most that
         factor. ``b_k = 0`` marks a query constant over every cell: under change-one
@@ -157,7 +158,7 @@ class Kernel:
         ``request`` must charge exactly ``epsilon_per_unit`` to the table's metric budget
         (``request.metric_epsilon``); the charge is committed before any data is read, so a
         refused charge costs nothing and an aborted run refunds nothing. ``graphs`` is each
-        block's public cell metric (:func:`dpsql.metric.cell_distance_graph`). The algorithm gets
+        block's public cell metric (:func:`dpsql.policy.metric.cell_distance_graph`). The algorithm gets
         a :class:`MetricMeasureOracle`, which refuses to spend past ``epsilon_per_unit``; by
         composition of d_X privacy (Kamalaruban et al., Fact 1: losses per pair add up) the run
         is d_X-private at ``epsilon_per_unit``. Returns ``(release_id, names, result, private)``.
@@ -204,7 +205,7 @@ class MeasureOracle:
     - :meth:`measure`: Laplace noise with scale ``b = Δ₁(rows)/ε'`` (exact L1 sensitivity):
       ε'-DP.
     - :meth:`select_interval`: the exponential mechanism over *every* range of an ordered
-      block (MWEM's :class:`~dpsql.mwem.RangeBlock`), never listed; ε'-DP (see there).
+      block (MWEM's :class:`~dpsql.mechanisms.mwem.core.RangeBlock`), never listed; ε'-DP (see there).
     """
 
     def __init__(self, xs, sampler, epsilon: Fraction):
@@ -265,7 +266,7 @@ class MeasureOracle:
         return values, penalties, self._answers(block, groups.W)[groups.row_index]
 
     def select(self, block: int, groups, estimates, penalties, epsilon) -> int:
-        """``groups`` is a :class:`dpsql.mwem_groups.CandidateGroups` (rows of one matrix)."""
+        """``groups`` is a :class:`dpsql.mechanisms.mwem.groups.CandidateGroups` (rows of one matrix)."""
         values, penalties, answers = self._selection_inputs(block, groups, estimates,
                                                             penalties)
         # the sensitivity is recomputed here, from the rows, never taken from the caller
@@ -279,7 +280,7 @@ class MeasureOracle:
 
     def select_interval(self, block: int, candidates, estimates, epsilon) -> tuple[int, int]:
         """The exponential mechanism over all ranges ``[lo, hi]`` of block ``block``'s ``n``
-        ordered cells that ``candidates`` (an :class:`~dpsql.mwem_groups.AllIntervals` over
+        ordered cells that ``candidates`` (an :class:`~dpsql.mechanisms.mwem.groups.AllIntervals` over
         those ``n`` cells) allows; ``estimates`` are the prefix sums of MWEM's current
         distribution (``n + 1`` finite values). Spends ``epsilon``; returns ``(lo, hi)``.
 
@@ -323,7 +324,7 @@ class MeasureOracle:
         return int(lo), int(hi)
 
     def measure(self, block: int, rows, epsilon) -> tuple[np.ndarray, float]:
-        from .laplace import laplace_scale
+        from dpsql.noise.laplace import laplace_scale
 
         x = self._x(block)
         R = self._checked(x, rows)
@@ -348,13 +349,13 @@ class MetricMeasureOracle(MeasureOracle):
     columns: ``d_g(u, v) ≤ d(u, v)``, the record distance being a sum over columns), so a step
     that is d_X-private at ``ε_i`` w.r.t. ``d_g`` is also at ``ε_i`` w.r.t. ``d``.
 
-    - :meth:`select`: the d_X exponential mechanism (:func:`dpsql.dx_mechanisms.dx_exponential`)
+    - :meth:`select`: the d_X exponential mechanism (:func:`dpsql.mechanisms.dx.mechanisms.dx_exponential`)
       over candidate groups, score ``Σ_r |estimate_r − answer_r| − penalty``: moving one
       record ``i → j`` moves it by at most ``Σ_r |W[r,i] − W[r,j]|``, so the Lipschitz
       constant is the max over candidate groups and cell pairs of that over ``d(i, j)``,
       recomputed here from the rows and the metric, never taken from the caller.
     - :meth:`measure`: d_X Laplace, one scale for all rows: ``b = c_R / ε_i`` (rounded up by
-      :func:`dpsql.laplace.laplace_scale`), ``c_R = max_pairs Σ_r |R[r,i] − R[r,j]| / d``;
+      :func:`dpsql.noise.laplace.laplace_scale`), ``c_R = max_pairs Σ_r |R[r,i] − R[r,j]| / d``;
       the values ``R x`` are on the sampler's lattice, so the loss is ``‖R(x − x')‖₁ / b ≤
       ε_i·d(i, j)`` (Kamalaruban et al., Proposition 1).
     - :meth:`select_synthetic`: SmallDB's selection over candidate histograms.
@@ -365,7 +366,7 @@ class MetricMeasureOracle(MeasureOracle):
     """
 
     def __init__(self, xs, graphs, sampler, epsilon: Fraction):
-        from .dx_mechanisms import metric_pairs
+        from dpsql.mechanisms.dx.mechanisms import metric_pairs
 
         super().__init__(xs, sampler, epsilon)
         if len(graphs) != len(self._xs):
@@ -378,7 +379,7 @@ class MetricMeasureOracle(MeasureOracle):
         self._diffs = {}
 
     def _differences(self, block: int, W):
-        from .dx_mechanisms import PairDifferences
+        from dpsql.mechanisms.dx.mechanisms import PairDifferences
 
         key = (int(block), id(W))
         if key not in self._diffs:
@@ -393,7 +394,7 @@ class MetricMeasureOracle(MeasureOracle):
         return 1.0 / float(d.min()) if d.size else 1.0
 
     def select(self, block: int, groups, estimates, penalties, epsilon) -> int:
-        from .dx_mechanisms import dx_exponential
+        from dpsql.mechanisms.dx.mechanisms import dx_exponential
 
         values, penalties, answers = self._selection_inputs(block, groups, estimates,
                                                             penalties)
@@ -405,8 +406,8 @@ class MetricMeasureOracle(MeasureOracle):
         return dx_exponential(scores, eps, c, sampler=self._sampler)
 
     def measure(self, block: int, rows, epsilon) -> tuple[np.ndarray, float]:
-        from .dx_mechanisms import PairDifferences
-        from .laplace import laplace_scale
+        from dpsql.mechanisms.dx.mechanisms import PairDifferences
+        from dpsql.noise.laplace import laplace_scale
 
         x = self._x(block)
         R = self._checked(x, rows)
@@ -429,10 +430,10 @@ class MetricMeasureOracle(MeasureOracle):
                          epsilon) -> int:
         """SmallDB: index of the candidate histogram (a row of ``candidates``, ``size``
         records each) chosen by the d_X exponential mechanism with score
-        ``−max_k |W_k x − (total/size)·W_k y|`` (:func:`dpsql.dx_mechanisms.smalldb_scores`,
+        ``−max_k |W_k x − (total/size)·W_k y|`` (:func:`dpsql.mechanisms.dx.mechanisms.smalldb_scores`,
         exact in units of ``1/size``; the Lipschitz constant ``max_pairs max_k |W[k,i] −
         W[k,j]| / d`` is scaled by ``size`` to match)."""
-        from .dx_mechanisms import dx_exponential, smalldb_scores
+        from dpsql.mechanisms.dx.mechanisms import dx_exponential, smalldb_scores
 
         x = self._x(block)
         Wc = self._checked(x, W)

@@ -13,21 +13,24 @@ from fractions import Fraction
 from typing import Sequence
 
 
-from . import adaptive, engine, ledger, selection
-from . import reuse as reuse_mod
-from .accounting import PrivacyCost, fraction_from_text, validate_delta, validate_epsilon
-from .errors import (DpsqlError, PolicyError, PrivacyParameterError, StrategyError,
+from dpsql.mechanisms import catalog as adaptive
+from dpsql.store import database as engine
+from dpsql.store import ledger
+from dpsql.mechanisms import matrix as selection
+from dpsql.mechanisms import reuse as reuse_mod
+from dpsql.noise.accounting import PrivacyCost, fraction_from_text, validate_delta, validate_epsilon
+from dpsql.errors import (DpsqlError, PolicyError, PrivacyParameterError, StrategyError,
                      UnsupportedQueryError)
-from .inference import LeastSquares, consistent
-from .kernel import Kernel
-from .noise import rounding_slack, zcdp_rho
-from .policy import TablePolicy, load_policy
-from .results import Explanation, Release, ResultTable, build_columns
-from .sql.compile import Workload
-from .sql.parse import parse_batch
-from .release_support import (InterruptedAfterRelease, _completed_on_interrupt, _flags,
+from dpsql.inference.least_squares import LeastSquares, consistent
+from dpsql.kernel import Kernel
+from dpsql.noise.gaussian import rounding_slack, zcdp_rho
+from dpsql.policy.policy import TablePolicy, load_policy
+from dpsql.store.results import Explanation, Release, ResultTable, build_columns
+from dpsql.sql.compile import Workload
+from dpsql.sql.parse import parse_batch
+from dpsql.release.support import (InterruptedAfterRelease, _completed_on_interrupt, _flags,
                               _interrupts_deferred, _request_params, request_matches)
-from .session_adaptive import AdaptivePaths
+from dpsql.release.adaptive import AdaptivePaths
 
 CALIBRATIONS = ("analytic", "classic")
 
@@ -212,7 +215,7 @@ class Session(AdaptivePaths):
 
     def _decide(self, con, policy, workload, eps, dlt, strategy, calibration, objective,
                 reuse: bool):
-        """How the batch is answered (:func:`dpsql.reuse.decide`; public inputs only)."""
+        """How the batch is answered (:func:`dpsql.mechanisms.reuse.decide`; public inputs only)."""
         records = reuse_mod.load(con, policy, self.kernel.private) if reuse else []
         return reuse_mod.decide(con, policy, workload, records, eps, dlt, strategy,
                                 calibration, objective[0] if objective else "rmse",
@@ -365,21 +368,21 @@ class Session(AdaptivePaths):
     def _parse(sql, policies) -> tuple[TablePolicy, list]:
         def resolve(name, node):
             if name not in policies:
-                from .sql.parse import _position
+                from dpsql.sql.parse import _position
                 line, col = _position(node)
                 known = ", ".join(sorted(policies)) or "none yet; see protect()"
                 raise UnsupportedQueryError(
                     f"table {name!r} is not a protected table (protected: {known})", line, col)
             return policies[name]
 
-        from .sql import memo     # parsed batches are remembered (public inputs only)
+        from dpsql.sql import memo     # parsed batches are remembered (public inputs only)
 
         queries = memo.parsed(memo.batch_key(sql, policies), lambda: parse_batch(sql, resolve))
         return policies[queries[0].table], queries
 
     @classmethod
     def _compile(cls, sql, policies) -> tuple[TablePolicy, list, Workload]:
-        from .sql import memo     # compiled batches are remembered (immutable workloads)
+        from dpsql.sql import memo     # compiled batches are remembered (immutable workloads)
 
         policy, queries = cls._parse(sql, policies)
         return policy, queries, memo.compiled(memo.batch_key(sql, policies), queries, policy)
@@ -488,7 +491,7 @@ def _sources(d) -> str | None:
 
 
 def _post_process(d, plan, W, y, answers, nonnegative: bool, integer: bool):
-    """Consistency post-processing (:func:`dpsql.inference.consistent`): over the plan's
+    """Consistency post-processing (:func:`dpsql.inference.least_squares.consistent`): over the plan's
     measurements, or over every combined measurement when past releases are reused."""
     if not (nonnegative or integer):
         return answers, None

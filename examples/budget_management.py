@@ -13,7 +13,7 @@ from importlib import resources
 import duckdb
 
 import dpsql
-from dpsql import scripts
+from dpsql.interfaces import scripts
 
 data = resources.files("dpsql") / "data"
 path = os.path.join(tempfile.mkdtemp(), "census.duckdb")

@@ -14,7 +14,7 @@ import duckdb
 import pandas as pd
 
 import dpsql
-from dpsql import dbapi
+from dpsql.interfaces import dbapi
 
 # --- the data owner: load the table with plain DuckDB, declare its public domains + budget
 path = os.path.join(tempfile.mkdtemp(prefix="dpsql-dbapi-"), "census.duckdb")

@@ -1,4 +1,4 @@
-"""PEP 249 compliance of ``dpsql.dbapi``, on the public DB-API 2.0 compliance suite.
+"""PEP 249 compliance of ``dpsql.interfaces.dbapi``, on the public DB-API 2.0 compliance suite.
 
 The suite is Stuart Bishop's public-domain ``dbapi20.py`` (PyPI: ``dbapi-compliance``
 1.15.0; ``pip install dbapi-compliance``). When it is installed, :class:`DpsqlDBAPI20Test`
@@ -44,7 +44,7 @@ import tempfile
 import time
 import unittest
 
-from dpsql import dbapi
+from dpsql.interfaces import dbapi
 
 from .conftest import ADULT_POLICY, make_adult_db
 

@@ -10,7 +10,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from dpsql.accounting import (
+from dpsql.noise.accounting import (
     MAX_EPSILON,
     MIN_EPSILON,
     PrivacyCost,

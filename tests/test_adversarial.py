@@ -37,13 +37,17 @@ import scipy.sparse as sp
 from scipy import stats
 
 import dpsql
-from dpsql import cli, dbapi, engine, ledger
-from dpsql.accounting import (MIN_EPSILON, PrivacyCost, fraction_from_text, fraction_to_text,
+from dpsql.interfaces import cli
+from dpsql.interfaces import dbapi
+from dpsql.store import database as engine
+from dpsql.engines import duckdb as data_engine
+from dpsql.store import ledger
+from dpsql.noise.accounting import (MIN_EPSILON, PrivacyCost, fraction_from_text, fraction_to_text,
                               to_exact)
 from dpsql.errors import BudgetExceededError, DpsqlError, EngineError
-from dpsql.noise import (SecureGaussianSampler, analytic_gaussian_sigma,
-                         calibrate_with_rounding)
-from dpsql.policy import table_policy_from_spec
+from dpsql.noise.gaussian import analytic_gaussian_sigma, calibrate_with_rounding
+from dpsql.noise.samplers import SecureGaussianSampler
+from dpsql.policy.policy import table_policy_from_spec
 from dpsql.sql.compile import compile_workload
 from dpsql.sql.parse import parse_batch
 from dpsql.strategies import REGISTRY, WorkloadInfo
@@ -164,7 +168,7 @@ class Recorder:
         self.sql: list[str] = []
         self.data_reads = 0
         real_open = engine.Database._open
-        real_vector = engine.data_vector
+        real_vector = data_engine.data_vector
 
         def vector(*args, **kwargs):
             self.data_reads += 1
@@ -172,7 +176,7 @@ class Recorder:
 
         monkeypatch.setattr(engine.Database, "_open",
                             lambda db, owner: _Recording(real_open(db, owner), self.sql))
-        monkeypatch.setattr(engine, "data_vector", vector)
+        monkeypatch.setattr(data_engine, "data_vector", vector)
         for session in sessions:
             monkeypatch.setattr(session.db, "_memory", _Recording(session.db._memory, self.sql))
 
@@ -375,8 +379,8 @@ def _shell_submit(session, text, **settings):
     """One submission through the shell's Executor in batch mode: (failed, out, err)."""
     import io
 
-    from dpsql.shell.executor import Executor
-    from dpsql.shell.settings import ShellState
+    from dpsql.interfaces.shell.executor import Executor
+    from dpsql.interfaces.shell.settings import ShellState
 
     shell_state = ShellState(session, interactive=False, **settings)
     shell_state.refresh()
@@ -649,13 +653,13 @@ def test_attacks_are_refused_before_execution_python_and_dbapi(mem, tmp_path, mo
 
 def test_attacks_are_refused_by_the_script_runner_and_the_shell_executor(mem, tmp_path,
                                                                          monkeypatch):
-    """Every attack as a reporting script (dpsql.scripts.run: parse, check, run) and as a shell
+    """Every attack as a reporting script (dpsql.interfaces.scripts.run: parse, check, run) and as a shell
     submission (the shell's Executor, batch mode), on the in-memory database. Passing: each is
     refused (a DpsqlError from the script runner; one `error: ...` line and `failed` from the
     shell); nothing is charged; the data vector is never read; no text of an attack reaches
     DuckDB. (The same paths end to end through `dpsql run` / `dpsql shell -e` on a file: next
     test, for one attack of each kind.)"""
-    from dpsql import scripts
+    from dpsql.interfaces import scripts
 
     before = snapshot(mem.session)
     rec = Recorder(monkeypatch, mem.session)
@@ -874,7 +878,7 @@ def test_bypassed_allow_list_reaching_the_engine_fails_closed(tmp_path, monkeypa
     (tmp_path / "secret.csv").write_text("ssn\n123-45-6789\n")
     secret = f"{tmp_path}/secret.csv"
     path = build_db(str(tmp_path / "adult.duckdb"))
-    monkeypatch.setattr(engine, "data_vector_sql", lambda *a, **k: (
+    monkeypatch.setattr(data_engine, "data_vector_sql", lambda *a, **k: (
         f"SELECT 0 AS cell, count(*) AS n FROM read_csv('{secret}')"))
     with dpsql.connect(path) as db:
         with pytest.raises(EngineError) as info:
@@ -1074,7 +1078,7 @@ def _small_workload():
 
 def _small_vector(con):
     cols, n_cells = _small_workload()
-    return engine.data_vector(con, "t", cols, n_cells)
+    return data_engine.data_vector(con, "t", cols, n_cells)
 
 
 @pytest.mark.parametrize("sql_type, value", [(t, v) for t, vs in HOSTILE_VALUES.items()
@@ -1163,7 +1167,7 @@ def falsify_cases():
         w = compile_workload(parse_batch(sql, lambda n, node: FALSIFY_POLICY), FALSIFY_POLICY)
         cols = [(p.column, FALSIFY_POLICY.column(p.column), p.unit_to_part)
                 for p in w.partitions]
-        x = engine.data_vector(con, "f", cols, w.n_cells)
+        x = data_engine.data_vector(con, "f", cols, w.n_cells)
         assert x.sum() == 41
         cases[name] = (WorkloadInfo.from_matrix(w.W, w.shape), x)
     con.close()
@@ -1210,7 +1214,7 @@ def test_plans_chosen_by_the_pipeline_pass_the_same_check(mem):
     w = compile_workload(parse_batch(sql, lambda n, node: policy), policy)
     with db.db.connect() as con:
         cols = [(p.column, policy.column(p.column), p.unit_to_part) for p in w.partitions]
-        x = engine.data_vector(con, "adult", cols, w.n_cells)
+        x = data_engine.data_vector(con, "adult", cols, w.n_cells)
     plans = [c.plan for c in e.candidates if c.plan is not None]
     assert len(plans) >= 4
     for plan in plans:

@@ -9,12 +9,12 @@ ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "dpsql"
 
 #: modules that must stay public-only: no engine, no kernel, no session, no duckdb
-PUBLIC_ONLY = ["dpsql.domain", "dpsql.policy", "dpsql.accounting", "dpsql.inference",
+PUBLIC_ONLY = ["dpsql.workload.domain", "dpsql.policy.policy", "dpsql.noise.accounting", "dpsql.inference.least_squares",
                "dpsql.sql.parse", "dpsql.sql.compile", "dpsql.sql.script", "dpsql.strategies",
-               "dpsql.workloads", "dpsql.metric", "dpsql.dx", "dpsql.dx_mechanisms",
-               "dpsql.mwem", "dpsql.mwem_groups", "dpsql.mwem_options", "dpsql.mwem_state",
-               "dpsql.laplace", "dpsql.intervals"]
-FORBIDDEN = {"dpsql.engine", "dpsql.kernel", "dpsql.session", "dpsql.ledger", "duckdb"}
+               "dpsql.strategies.synthetic", "dpsql.policy.metric", "dpsql.mechanisms.dx.scales", "dpsql.mechanisms.dx.mechanisms",
+               "dpsql.mechanisms.mwem.core", "dpsql.mechanisms.mwem.groups", "dpsql.mechanisms.mwem.options", "dpsql.mechanisms.mwem.state",
+               "dpsql.noise.laplace", "dpsql.inference.intervals"]
+FORBIDDEN = {"dpsql.store.database", "dpsql.kernel", "dpsql.session", "dpsql.store.ledger", "duckdb"}
 
 
 def _path(module: str) -> Path:

@@ -9,7 +9,7 @@ Method (a distinguishing test on neighbouring data sets, as in Jagielski, Ullman
    and the real data vector x. The neighbour x' adds one row to the cell whose column of A is
    largest (the worst case for this plan).
 2. Draw n = 100,000 releases ``y = A x + noise`` and n from x', the noise from the secure
-   sampler (dpsql.noise.SecureGaussianSampler, exactly as the kernel calls it). Reduce each to
+   sampler (dpsql.noise.samplers.SecureGaussianSampler, exactly as the kernel calls it). Reduce each to
    ``T = <y - A x, u>`` with ``u = A(x' - x) / ||A(x' - x)||``: the likelihood-ratio statistic,
    so the threshold events below are the most powerful ones.
 3. For K = 40 thresholds t fixed in advance from the declared sigma, and both directions
@@ -42,8 +42,11 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dpsql import engine
-from dpsql.noise import SecureGaussianSampler, analytic_gaussian_sigma, calibrate_with_rounding
+from dpsql.store import database as engine
+
+from dpsql.engines import duckdb as data_engine
+from dpsql.noise.gaussian import analytic_gaussian_sigma, calibrate_with_rounding
+from dpsql.noise.samplers import SecureGaussianSampler
 from dpsql.sql.compile import compile_workload
 from dpsql.sql.parse import parse_batch
 
@@ -131,7 +134,7 @@ def pipeline(tmp_path_factory):
     w = compile_workload(parse_batch(SQL, lambda name, node: policy), policy)
     with db.db.connect() as con:
         cols = [(p.column, policy.column(p.column), p.unit_to_part) for p in w.partitions]
-        x = engine.data_vector(con, "adult", cols, w.n_cells)
+        x = data_engine.data_vector(con, "adult", cols, w.n_cells)
     db.close()
     A = plan.A.toarray() if hasattr(plan.A, "toarray") else np.asarray(plan.A)
     worst = int(np.argmax((A ** 2).sum(axis=0)))

@@ -21,7 +21,7 @@ hours_per_week = { type = "numeric", min = 0, max = 100, edges = [0, 20, 40, 60,
 
 
 def dpsql(*args, stdin=None):
-    return subprocess.run([sys.executable, "-m", "dpsql.cli", *map(str, args)], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "dpsql.interfaces.cli", *map(str, args)], cwd=ROOT,
                           capture_output=True, text=True, input=stdin, timeout=300)
 
 

@@ -15,14 +15,14 @@ import pytest
 import scipy.sparse as sp
 
 from dpsql.errors import StrategyError
-from dpsql.inference import LeastSquares
-from dpsql.strategies.base import QUANTUM_BITS, WorkloadInfo
+from dpsql.inference.least_squares import LeastSquares
+from dpsql.workload.matrix import QUANTUM_BITS, WorkloadInfo
 from dpsql.strategies.bounds import svdb
-from dpsql.strategies.coa import COA
+from dpsql.strategies.gaussian.coa import COA
 from dpsql.strategies.identity import IdentityStrategy
-from dpsql.strategies.optimal import Optimal, solve
+from dpsql.strategies.gaussian.optimal import Optimal, solve
 from dpsql.strategies.workload import WorkloadStrategy
-from dpsql.workloads import all_range_gram
+from dpsql.strategies.synthetic import all_range_gram
 
 
 all_ranges = all_range_gram

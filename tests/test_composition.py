@@ -9,9 +9,9 @@ from fractions import Fraction
 import mpmath
 import pytest
 
-from dpsql.composition import Spend, compose, zcdp_epsilon
+from dpsql.noise.composition import Spend, compose, zcdp_epsilon
 from dpsql.errors import BudgetExceededError
-from dpsql.noise import SeededTestSampler
+from dpsql.noise.samplers import SeededTestSampler
 
 from .conftest import make_adult_db, snapshot
 

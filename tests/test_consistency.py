@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dpsql.errors import DpsqlError
-from dpsql.noise import SeededTestSampler
+from dpsql.noise.samplers import SeededTestSampler
 
 from .conftest import make_adult_db, snapshot
 
@@ -50,9 +50,9 @@ def test_named_replays_match_the_post_processing_asked_for(tmp_path):
 def test_nonnegative_least_squares_never_moves_away_from_the_measurements():
     """Against a brute-force check: the constrained fit's residual is the smallest over
     non-negative cell vectors (KKT: gradient >= 0 where x = 0, = 0 where x > 0)."""
-    from dpsql.inference import consistent
+    from dpsql.inference.least_squares import consistent
     from dpsql.strategies import REGISTRY
-    from dpsql.workloads import all_range
+    from dpsql.strategies.synthetic import all_range
 
     info = all_range(16)
     plan = REGISTRY["hierarchical"].plan(info)

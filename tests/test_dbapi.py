@@ -1,4 +1,4 @@
-"""The PEP 249 driver (dpsql.dbapi): binding, releases, result sets, errors, pandas.
+"""The PEP 249 driver (dpsql.interfaces.dbapi): binding, releases, result sets, errors, pandas.
 
 The DB-API compliance suite lives in tests/dbapi_compliance.py and is collected here.
 """
@@ -18,7 +18,7 @@ from fractions import Fraction
 import duckdb
 import pytest
 
-from dpsql import dbapi
+from dpsql.interfaces import dbapi
 from dpsql.errors import (BudgetExceededError, DpsqlError, EngineError, LockTimeoutError,
                           ParseError, PolicyError, PrivacyParameterError, StrategyError,
                           UnsupportedQueryError)

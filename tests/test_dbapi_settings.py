@@ -1,4 +1,4 @@
-"""The DB-API driver's accuracy-first, consistency and reuse settings (dpsql.dbapi)."""
+"""The DB-API driver's accuracy-first, consistency and reuse settings (dpsql.interfaces.dbapi)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from fractions import Fraction
 
 import pytest
 
-from dpsql import dbapi
+from dpsql.interfaces import dbapi
 
 from .conftest import snapshot
 from .test_dbapi import RACES, conn, ledger, path  # noqa: F401 (shared fixtures)

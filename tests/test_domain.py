@@ -8,7 +8,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from dpsql.domain import (FALSE, TRUE, UNKNOWN, IntegerDomain, NotExpressible, NumericDomain,
+from dpsql.workload.domain import (FALSE, TRUE, UNKNOWN, IntegerDomain, NotExpressible, NumericDomain,
                           domain_from_spec)
 from dpsql.errors import PolicyError
 
@@ -119,7 +119,7 @@ def test_bad_domains_are_refused_by_name(spec, msg):
     ({"columns": {}}, "at least one column"), ({"extra": 1}, "unknown field"),
 ])
 def test_bad_table_policies_are_refused(change, msg):
-    from dpsql.policy import table_policy_from_spec
+    from dpsql.policy.policy import table_policy_from_spec
     spec = {"epsilon": 1.0, "delta": 1e-6, "columns": {"a": {"type": "integer", "min": 0,
                                                              "max": 3}}}
     spec.update(change)

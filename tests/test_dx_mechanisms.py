@@ -17,14 +17,14 @@ import pytest
 import scipy.sparse as sp
 from scipy import stats
 
-from dpsql import dx_mechanisms as dxm
-from dpsql import session_adaptive as session_mod
-from dpsql.dx import dx_em_scale
+from dpsql.mechanisms.dx import mechanisms as dxm
+from dpsql.release import adaptive as session_mod
+from dpsql.mechanisms.dx.scales import dx_em_scale
 from dpsql.errors import DpsqlError, PolicyError, PrivacyParameterError, StrategyError
 from dpsql.kernel import MetricMeasureOracle
-from dpsql.metric import cell_distance_graph
-from dpsql.mwem_groups import CandidateGroups, GroupValues
-from dpsql.noise import SeededTestSampler
+from dpsql.policy.metric import cell_distance_graph
+from dpsql.mechanisms.mwem.groups import CandidateGroups, GroupValues
+from dpsql.noise.samplers import SeededTestSampler
 
 from .conftest import ADULT_POLICY, make_adult_db, snapshot
 from .test_architecture import FORBIDDEN, _closure
@@ -427,12 +427,12 @@ def test_named_release_is_returned_again_without_a_charge(tmp_path):
 
 
 def test_dx_mechanisms_module_is_public_only():
-    assert not (_closure("dpsql.dx_mechanisms") & FORBIDDEN)
+    assert not (_closure("dpsql.mechanisms.dx.mechanisms") & FORBIDDEN)
 
 
 def test_scripts_and_interfaces_accept_the_metric_strategies():
     from dpsql.errors import StrategyError
-    from dpsql.scripts import check_strategy, parse_script
+    from dpsql.interfaces.scripts import check_strategy, parse_script
 
     assert check_strategy("dx_mwem(rounds=5)") == "dx_mwem(rounds=5)"
     assert check_strategy("dx_smalldb(size=5)") == "dx_smalldb(size=5)"

@@ -14,11 +14,11 @@ import pytest
 import scipy.sparse as sp
 
 from dpsql.errors import StrategyError
-from dpsql.inference import LeastSquares
-from dpsql.strategies.base import WorkloadInfo
-from dpsql.strategies.eigen import EigenDesign, complete_columns, eigen_queries
-from dpsql.strategies.program1 import solve_program1, solve_program1_cvxpy
-from dpsql.workloads import all_range, range_rows
+from dpsql.inference.least_squares import LeastSquares
+from dpsql.workload.matrix import WorkloadInfo
+from dpsql.strategies.gaussian.eigen import EigenDesign, complete_columns, eigen_queries
+from dpsql.strategies.gaussian.program1 import solve_program1, solve_program1_cvxpy
+from dpsql.strategies.synthetic import all_range, range_rows
 
 SIGMA_1 = math.sqrt(2 * math.log(2 / 1e-4)) / 0.5     # the paper's σ at ε = 0.5, δ = 1e-4
 

@@ -14,7 +14,7 @@ import duckdb
 import pytest
 from sqlglot import exp
 
-from dpsql.scripts import parse_script
+from dpsql.interfaces.scripts import parse_script
 
 from .conftest import ROOT
 

@@ -37,8 +37,9 @@ import duckdb
 import pytest
 
 import dpsql
-from dpsql import cli, engine
-from dpsql.accounting import fraction_from_text
+from dpsql.interfaces import cli
+from dpsql.store import database as engine
+from dpsql.noise.accounting import fraction_from_text
 from dpsql.errors import BudgetExceededError, DpsqlError
 
 from .conftest import ROOT, make_adult_db, snapshot
@@ -254,12 +255,12 @@ def test_threads_and_processes_race_for_one_budget_50_rounds(template, tmp_path)
 
 POINTS = {
     # name: (target "module:attribute" or "commit", before/after the call, which call)
-    "after_validation": ("dpsql.ledger:charge", "before", 1),
+    "after_validation": ("dpsql.store.ledger:charge", "before", 1),
     "inside_charge": ("commit", "before", 1),           # INSERT done, COMMIT not yet
-    "after_data_read": ("dpsql.engine:data_vector", "after", 1),
-    "after_noise": ("dpsql.noise:SecureGaussianSampler.sample", "after", 1),
-    "writing_tables": ("dpsql.engine:write_table", "before", 2),  # first table written
-    "after_tables": ("dpsql.ledger:mark_released", "after", 1),
+    "after_data_read": ("dpsql.engines.duckdb:data_vector", "after", 1),
+    "after_noise": ("dpsql.noise.samplers:SecureGaussianSampler.sample", "after", 1),
+    "writing_tables": ("dpsql.store.database:write_table", "before", 2),  # first table written
+    "after_tables": ("dpsql.store.ledger:mark_released", "after", 1),
     "at_results_commit": ("commit", "before", 2),
     "after_commit": ("dpsql.session:Session._write", "after", 1),  # before any output
 }
@@ -542,7 +543,7 @@ def test_sigterm_during_a_long_script_leaves_a_consistent_ledger(template, tmp_p
 SIGNAL_HOOK = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {root!r})
-    import dpsql.engine as engine
+    import dpsql.store.database as engine
     real = engine.write_table
     calls = []
 
@@ -554,7 +555,7 @@ SIGNAL_HOOK = textwrap.dedent("""
         return real(*args, **kwargs)
 
     engine.write_table = slow_write
-    from dpsql.cli import main
+    from dpsql.interfaces.cli import main
     sys.exit(main(sys.argv[1:]))
 """)
 

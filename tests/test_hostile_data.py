@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 import dpsql
-from dpsql import engine
+from dpsql.store import database as engine
+from dpsql.engines import duckdb as data_engine
 from dpsql.errors import UnsupportedQueryError
-from dpsql.policy import table_policy_from_spec
+from dpsql.policy.policy import table_policy_from_spec
 
 from .conftest import make_adult_db, snapshot
 
@@ -47,7 +48,7 @@ def test_any_value_is_counted_somewhere(tmp_path, sql_type, value):
     w = compile_workload(parse_batch(SQL, lambda name, node: policy), policy)
     with db.db.connect() as c:
         cols = [(p.column, policy.column(p.column), p.unit_to_part) for p in w.partitions]
-        x = engine.data_vector(c, "t", cols, w.n_cells)
+        x = data_engine.data_vector(c, "t", cols, w.n_cells)
     assert x.sum() == 1  # the one row lands in exactly one cell
     r = db.answer(SQL, epsilon=0.5, delta=1e-6)  # and a release simply succeeds
     assert len(r.tables) == 3 and len(db.ledger()) == 1
@@ -62,7 +63,7 @@ def test_integer_categories_on_a_double_column_are_not_rounded(tmp_path):
         "c": {"type": "categorical", "values": [1, 2, 3]}}})
     db = dpsql.connect(path)
     with db.db.connect() as c:
-        x = engine.data_vector(c, "t", [("c", policy.column("c"), np.arange(4))], 4)
+        x = data_engine.data_vector(c, "t", [("c", policy.column("c"), np.arange(4))], 4)
     assert list(x) == [0, 0, 1, 1]  # 3.0 is category 3; 2.7 is 'other', as `c = 3` says
 
 

@@ -14,19 +14,19 @@ import pytest
 import scipy.sparse as sp
 
 from dpsql.errors import StrategyError
-from dpsql.inference import LeastSquares
+from dpsql.inference.least_squares import LeastSquares
 from dpsql.strategies import REGISTRY
-from dpsql.strategies.base import WorkloadInfo, make_plan
+from dpsql.workload.matrix import WorkloadInfo, make_plan
 from dpsql.strategies.hierarchical import candidates, level_sizes, tree_matrix
-from dpsql.strategies.l1 import (BASES, L1_AUTO_CANDIDATES, L1_REGISTRY, L1EigenDesign,
+from dpsql.strategies.laplace.candidates import (BASES, L1_AUTO_CANDIDATES, L1_REGISTRY, L1EigenDesign,
                                  basis_rows, choose_branching_l1, design_basis,
                                  l1_error_factor, l1_expected_rmse)
-from dpsql.strategies.l1_program import (complete_columns_l1, solve_l1_program,
+from dpsql.strategies.laplace.program import (complete_columns_l1, solve_l1_program,
                                          solve_l1_program_cvxpy)
-from dpsql.strategies.l1_trees import (CoarseColumn, best_chain, chain_matrix, choose_chains,
+from dpsql.strategies.laplace.trees import (CoarseColumn, best_chain, chain_matrix, choose_chains,
                                        weighted_tree_error)
 from dpsql.strategies.wavelet import haar_matrix
-from dpsql.workloads import all_range, prefix, range_rows
+from dpsql.strategies.synthetic import all_range, prefix, range_rows
 
 EPSILON = 0.5
 
@@ -437,7 +437,7 @@ def test_all_range_1024_error():
 # --- p-Identity refinement -------------------------------------------------------------
 
 def test_p_identity_error_and_gradient_are_exact():
-    from dpsql.strategies.l1_trees import p_identity_error
+    from dpsql.strategies.laplace.trees import p_identity_error
 
     rng = np.random.default_rng(0)  # test data only
     n, p = 12, 4
@@ -460,7 +460,7 @@ def test_p_identity_error_and_gradient_are_exact():
 
 
 def test_refinement_starts_from_the_tree_and_never_loses():
-    from dpsql.strategies.l1_trees import _identity_rows, refine_tree
+    from dpsql.strategies.laplace.trees import _identity_rows, refine_tree
 
     info = all_range(64)
     tree = design_basis("tree", info)

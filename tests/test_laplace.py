@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from scipy import optimize, stats
 
-import dpsql.laplace as laplace
+import dpsql.noise.laplace as laplace
 from dpsql.errors import DpsqlError, PrivacyParameterError
-from dpsql.intervals import laplace_interval_halfwidth
-from dpsql.laplace import (
+from dpsql.inference.intervals import laplace_interval_halfwidth
+from dpsql.noise.laplace import (
     laplace_grid_exponent,
     laplace_scale,
     secure_exponential,

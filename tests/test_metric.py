@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from dpsql import dx, metric
+from dpsql.mechanisms.dx import scales as dx
+from dpsql.policy import metric
 from dpsql.errors import PolicyError, StrategyError
-from dpsql.dx import dx_em_scale, dx_exponential_epsilon, dx_laplace_scales
-from dpsql.metric import MetricModel, cell_distance_graph
-from dpsql.policy import table_policy_from_spec
+from dpsql.mechanisms.dx.scales import dx_em_scale, dx_exponential_epsilon, dx_laplace_scales
+from dpsql.policy.metric import MetricModel, cell_distance_graph
+from dpsql.policy.policy import table_policy_from_spec
 from dpsql.sql.compile import compile_workload
 from dpsql.sql.parse import parse_batch
 

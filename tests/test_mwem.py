@@ -1,4 +1,4 @@
-"""MWEM (dpsql.mwem) against test oracles that wrap a known data vector.
+"""MWEM (dpsql.mechanisms.mwem.core) against test oracles that wrap a known data vector.
 
 The oracles here use seeded numpy noise: they are test doubles, not private mechanisms.
 """
@@ -13,7 +13,7 @@ import pytest
 import scipy.sparse as sp
 
 from dpsql.errors import DpsqlError, PrivacyParameterError, StrategyError
-from dpsql.mwem import (
+from dpsql.mechanisms.mwem.core import (
     Block,
     CandidateGroups,
     GroupValues,
@@ -299,7 +299,7 @@ def test_candidate_sequences_and_fast_helpers_agree_with_the_plain_definition():
 
 
 def test_range_rows_use_prefix_sums_with_the_same_estimates():
-    from dpsql.mwem import _BlockState, _interval_rows
+    from dpsql.mechanisms.mwem.core import _BlockState, _interval_rows
 
     rng = np.random.default_rng(4)
     W = range_matrix(50, 200, rng)
@@ -600,4 +600,4 @@ def test_block_and_run_validation():
 
 
 def test_mwem_module_is_public_only():
-    assert not (_closure("dpsql.mwem") & FORBIDDEN)
+    assert not (_closure("dpsql.mechanisms.mwem.core") & FORBIDDEN)

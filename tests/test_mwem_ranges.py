@@ -12,9 +12,9 @@ import pytest
 import scipy.sparse as sp
 
 from dpsql.errors import StrategyError
-from dpsql.mwem import (AllIntervals, Block, MWEMOptions, RangeBlock, interval_answers,
+from dpsql.mechanisms.mwem.core import (AllIntervals, Block, MWEMOptions, RangeBlock, interval_answers,
                         interval_index, run_mwem)
-from dpsql.mwem_state import Measured, WeightState
+from dpsql.mechanisms.mwem.state import Measured, WeightState
 
 
 def all_ranges(n: int) -> sp.csr_matrix:
@@ -92,7 +92,7 @@ def test_two_stage_draw_is_exactly_the_exponential_mechanism(excluded, epsilon):
 
 def test_two_stage_draw_frequencies_with_the_seeded_sampler():
     """Sampled through a real Gumbel-max sampler: frequencies match the EM probabilities."""
-    from dpsql.noise import SeededTestSampler
+    from dpsql.noise.samplers import SeededTestSampler
 
     n, eps = 4, 1.0
     est = np.array([0.0, 1.0, 5.0, 5.5, 9.0])
@@ -283,7 +283,7 @@ class _MisScaled:
     private = False
 
     def __init__(self, seed, factor):
-        from dpsql.noise import SeededTestSampler
+        from dpsql.noise.samplers import SeededTestSampler
 
         self.inner, self.factor = SeededTestSampler(seed), factor
 
@@ -303,7 +303,7 @@ def test_kernel_select_interval_draws_the_exponential_mechanism():
     from scipy import stats
 
     from dpsql.kernel import MeasureOracle
-    from dpsql.noise import SeededTestSampler
+    from dpsql.noise.samplers import SeededTestSampler
 
     n, eps, draws = 5, Fraction(1), 6000
     x = np.array([4.0, 0.0, 7.0, 2.0, 3.0])
@@ -339,7 +339,7 @@ class _Recording:
     private = False
 
     def __init__(self, seed):
-        from dpsql.noise import SeededTestSampler
+        from dpsql.noise.samplers import SeededTestSampler
 
         self.inner, self.calls = SeededTestSampler(seed), []
 
@@ -390,7 +390,7 @@ def test_kernel_select_interval_budget_is_exact_and_inputs_checked():
 
 def test_run_mwem_on_a_range_block_through_the_kernel_oracle_spends_exactly():
     from dpsql.kernel import MeasureOracle
-    from dpsql.noise import SeededTestSampler
+    from dpsql.noise.samplers import SeededTestSampler
 
     n = 30
     x = np.random.default_rng(6).poisson(8, n).astype(float)
@@ -411,7 +411,7 @@ def test_run_mwem_on_a_range_block_through_the_kernel_oracle_spends_exactly():
 
 def test_metric_oracle_still_refuses_select_interval():
     from dpsql.kernel import MetricMeasureOracle
-    from dpsql.noise import SeededTestSampler
+    from dpsql.noise.samplers import SeededTestSampler
 
     x = np.array([1.0, 2.0, 3.0])
     dist = np.abs(np.arange(3.0)[:, None] - np.arange(3.0)[None, :])

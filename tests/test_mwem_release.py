@@ -10,11 +10,11 @@ import pytest
 import scipy.sparse as sp
 
 import dpsql
-from dpsql import session_adaptive as session_mod
+from dpsql.release import adaptive as session_mod
 from dpsql.errors import StrategyError
 from dpsql.kernel import MeasureOracle
-from dpsql.mwem_groups import CandidateGroups, GroupValues
-from dpsql.noise import SeededTestSampler
+from dpsql.mechanisms.mwem.groups import CandidateGroups, GroupValues
+from dpsql.noise.samplers import SeededTestSampler
 
 from .conftest import make_adult_db, snapshot
 from .test_statistical import exact_answers

@@ -1,4 +1,4 @@
-"""dpsql's MWEM variants for workloads over several columns (dpsql.mwem's docstring):
+"""dpsql's MWEM variants for workloads over several columns (dpsql.mechanisms.mwem.core's docstring):
 a start from noisy one-column marginals (``init="marginals"``) and partition measurements
 (``measure="partition"``: a selected box query with the boxes around it, one Laplace step).
 
@@ -17,11 +17,11 @@ import scipy.sparse as sp
 
 from dpsql.errors import StrategyError
 from dpsql.kernel import MeasureOracle as KernelOracle
-from dpsql.mwem import Block, MWEMOptions, RangeBlock, run_mwem
-from dpsql.mwem import _init_log_weights, _init_rows
-from dpsql.mwem_state import MAX_PIECES, box_partition
-from dpsql.noise import SeededTestSampler
-from dpsql.strategies.base import exact_l1_sensitivity
+from dpsql.mechanisms.mwem.core import Block, MWEMOptions, RangeBlock, run_mwem
+from dpsql.mechanisms.mwem.core import _init_log_weights, _init_rows
+from dpsql.mechanisms.mwem.state import MAX_PIECES, box_partition
+from dpsql.noise.samplers import SeededTestSampler
+from dpsql.workload.matrix import exact_l1_sensitivity
 from tests.test_mwem import SeededOracle, dense, range_matrix, two_blocks
 
 

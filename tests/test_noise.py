@@ -10,20 +10,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-import dpsql.noise as noise
+import dpsql.noise.gaussian as noise
 from dpsql.errors import DpsqlError, PrivacyParameterError
-from dpsql.noise import (
-    SecureGaussianSampler,
-    SeededTestSampler,
-    analytic_gaussian_sigma,
-    calibrate_with_rounding,
-    classic_gaussian_sigma,
-    gaussian_delta,
-    gaussian_sigma,
-    grid_exponent,
-    rounding_slack,
-    zcdp_rho,
-)
+from dpsql.noise.gaussian import analytic_gaussian_sigma, calibrate_with_rounding, classic_gaussian_sigma, gaussian_delta, gaussian_sigma, grid_exponent, rounding_slack, zcdp_rho
+from dpsql.noise.samplers import SecureGaussianSampler, SeededTestSampler
 
 EPSILONS = [0.01, 0.1, 0.5, 1, 2, 5, 10]
 DELTAS = [1e-3, 1e-6, 1e-10]

@@ -30,10 +30,12 @@ import pytest
 import sqlglot
 from sqlglot import exp
 
-from dpsql import engine
-from dpsql.domain import CategoricalDomain, IntegerDomain, NumericDomain
+from dpsql.store import database as engine
+
+from dpsql.engines import duckdb as data_engine
+from dpsql.workload.domain import CategoricalDomain, IntegerDomain, NumericDomain
 from dpsql.errors import UnsupportedQueryError
-from dpsql.policy import table_policy_from_spec
+from dpsql.policy.policy import table_policy_from_spec
 from dpsql.sql.compile import compile_workload
 from dpsql.sql.parse import parse_batch
 from .conftest import adult_csv
@@ -158,7 +160,7 @@ def answers(con, sql):
     policy, _, workload = compile_sql(sql)
     columns = [(p.column, policy.column(p.column), p.unit_to_part)
                for p in workload.partitions]
-    x = engine.data_vector(con, DATA_TABLE.get(policy.table, policy.table), columns,
+    x = data_engine.data_vector(con, DATA_TABLE.get(policy.table, policy.table), columns,
                            workload.n_cells)
     assert x.shape == (workload.n_cells,)
     assert x.sum() == 32561  # every row lands in exactly one cell

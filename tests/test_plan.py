@@ -10,7 +10,7 @@ import scipy.sparse as sp
 
 from dpsql.errors import StrategyError
 from dpsql.kernel import Kernel, _on_grid
-from dpsql.strategies.base import Plan, exact_l2_sensitivity, l2_sensitivity, make_plan
+from dpsql.workload.matrix import Plan, exact_l2_sensitivity, l2_sensitivity, make_plan
 
 
 @pytest.mark.parametrize("sparse", [False, True])
@@ -38,7 +38,7 @@ def test_kernel_refuses_plans_off_the_grid():
 
 @pytest.mark.parametrize("rank_deficient", [False, True])
 def test_least_squares_paths_agree_with_dense_pinv(rank_deficient):
-    from dpsql.inference import LeastSquares
+    from dpsql.inference.least_squares import LeastSquares
 
     rng = np.random.default_rng(5)  # test data only
     n = 12
@@ -63,10 +63,10 @@ def test_least_squares_paths_agree_with_dense_pinv(rank_deficient):
 def test_strategy_cache_returns_the_identical_plan_and_reverifies_it(tmp_path):
     import duckdb
 
-    from dpsql import strategy_cache
+    from dpsql.store import strategy_cache
     from dpsql.strategies import REGISTRY, WorkloadInfo
 
-    from dpsql.workloads import all_range
+    from dpsql.strategies.synthetic import all_range
 
     n = 48
     info = all_range(n)

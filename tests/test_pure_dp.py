@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from dpsql.errors import BudgetExceededError, PrivacyParameterError, StrategyError
-from dpsql.noise import SeededTestSampler
+from dpsql.noise.samplers import SeededTestSampler
 
 from .conftest import make_adult_db, snapshot
 from .test_statistical import exact_answers

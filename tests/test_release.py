@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 import dpsql
-from dpsql import engine
+from dpsql.store import database as engine
+from dpsql.engines import duckdb as data_engine
 from dpsql.errors import (BudgetExceededError, EngineError, PolicyError,
                           PrivacyParameterError, StrategyError, UnsupportedQueryError)
-from dpsql.noise import SeededTestSampler
+from dpsql.noise.samplers import SeededTestSampler
 
 from .conftest import ADULT_POLICY, make_adult_db, snapshot
 
@@ -28,7 +29,7 @@ def test_explain_reads_no_data_and_spends_nothing(adult_db, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("explain must not read data")
 
-    monkeypatch.setattr(engine, "data_vector", boom)
+    monkeypatch.setattr(data_engine, "data_vector", boom)
     before = snapshot(adult_db)
     e = adult_db.explain(BATCH, epsilon=0.5, delta=1e-6)
     assert snapshot(adult_db) == before
@@ -45,7 +46,7 @@ def test_explain_identity_matches_closed_form(adult_db):
     e = adult_db.explain("SELECT COUNT(*) FROM adult WHERE age < 30", epsilon=1.0,
                          delta=1e-5, strategy="identity")
     # one query over the 2 age parts it selects 1: stderr = sigma * ||W_1|| = sigma
-    from dpsql.noise import calibrate_with_rounding
+    from dpsql.noise.gaussian import calibrate_with_rounding
     sigma = calibrate_with_rounding(1.0, 1e-5, 1.0, e.n_cells, "analytic")
     assert e.sigma == sigma
     assert e.stderr[0] == pytest.approx(sigma)

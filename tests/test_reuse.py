@@ -1,4 +1,4 @@
-"""Free answers from past releases (dpsql.reuse): refinement, GLS, and the release path."""
+"""Free answers from past releases (dpsql.mechanisms.reuse): refinement, GLS, and the release path."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from dpsql import reuse
-from dpsql.noise import SeededTestSampler
-from dpsql.policy import load_policy
+from dpsql.mechanisms import reuse
+from dpsql.noise.samplers import SeededTestSampler
+from dpsql.policy.policy import load_policy
 from dpsql.sql.compile import compile_workload
 from dpsql.sql.parse import parse_batch
 

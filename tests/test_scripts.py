@@ -13,7 +13,8 @@ import duckdb
 import pytest
 
 import dpsql
-from dpsql import cli, scripts
+from dpsql.interfaces import cli
+from dpsql.interfaces import scripts
 from dpsql.errors import DpsqlError, ParseError
 from dpsql.session import Session
 
@@ -368,7 +369,7 @@ def test_ctrl_c_exits_130_and_names_what_was_released(db_path, tmp_path, capsys,
 
 
 def test_dry_run_and_explain_spend_nothing(db_path, tmp_path, capsys, monkeypatch):
-    from dpsql import engine
+    from dpsql.store import database as engine
 
     def boom(*a, **k):
         raise AssertionError("a dry run must not read data")

@@ -9,7 +9,7 @@ import duckdb
 import pytest
 
 import dpsql
-from dpsql import scripts
+from dpsql.interfaces import scripts
 from dpsql.errors import DpsqlError
 
 from .conftest import make_adult_db

@@ -16,10 +16,10 @@ from prompt_toolkit.completion import CompleteEvent
 from prompt_toolkit.document import Document
 
 import dpsql
-from dpsql.shell.completer import DpsqlCompleter
-from dpsql.shell.executor import submission_complete
-from dpsql.shell.repl import toolbar_text
-from dpsql.shell.settings import ShellState
+from dpsql.interfaces.shell.completer import DpsqlCompleter
+from dpsql.interfaces.shell.executor import submission_complete
+from dpsql.interfaces.shell.repl import toolbar_text
+from dpsql.interfaces.shell.settings import ShellState
 
 from .conftest import ADULT_POLICY, ROOT, make_adult_db, snapshot
 
@@ -32,7 +32,7 @@ GROUP_SEX = "SELECT sex, COUNT(*) FROM adult GROUP BY sex;"
 # (Ctrl-C deferred).
 SLOW_HOOK = """
 import sys, time
-import dpsql.selection as selection
+import dpsql.mechanisms.matrix as selection
 import dpsql.session as s
 phase, seconds = sys.argv.pop(1), float(sys.argv.pop(1))
 owner, name = {"select": (selection, "select"), "write": (s.Session, "_write")}[phase]
@@ -45,7 +45,7 @@ def slow(*args, **kwargs):
         time.sleep(seconds)
     return original(*args, **kwargs)
 setattr(owner, name, slow)
-from dpsql.shell import main
+from dpsql.interfaces.shell import main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -71,7 +71,7 @@ def spawn(path, *args, tmp_path, hook=None, term="dumb"):
         script.write_text(SLOW_HOOK)
         argv = [str(script), *hook]
     else:
-        argv = ["-m", "dpsql.shell"]
+        argv = ["-m", "dpsql.interfaces.shell"]
     child = pexpect.spawn(sys.executable, [*argv, path, *args], env=env, cwd=str(ROOT),
                           encoding="utf-8", timeout=TIMEOUT, dimensions=(50, 250))
     if term == "dumb":
@@ -110,7 +110,7 @@ def quit_(child):
 
 
 def batch(path, *args, stdin=None):
-    return subprocess.run([sys.executable, "-m", "dpsql.shell", path, *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "dpsql.interfaces.shell", path, *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=TIMEOUT, input=stdin,
                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
 

@@ -11,9 +11,9 @@ from fractions import Fraction
 import pytest
 
 import dpsql
-from dpsql.shell.executor import Executor, NoTerminal
-from dpsql.shell.repl import toolbar_text
-from dpsql.shell.settings import ShellState
+from dpsql.interfaces.shell.executor import Executor, NoTerminal
+from dpsql.interfaces.shell.repl import toolbar_text
+from dpsql.interfaces.shell.settings import ShellState
 
 from .conftest import make_adult_db
 from .test_shell import GROUP_SEX, batch, complete, ledger

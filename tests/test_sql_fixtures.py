@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from dpsql.errors import ParseError, UnsupportedQueryError
-from dpsql.policy import table_policy_from_spec
+from dpsql.policy.policy import table_policy_from_spec
 from dpsql.sql.compile import compile_workload
 from dpsql.sql.parse import _position, parse_batch
 

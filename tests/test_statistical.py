@@ -12,7 +12,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dpsql import engine
+from dpsql.store import database as engine
+
+from dpsql.engines import duckdb as data_engine
 from dpsql.sql.compile import compile_workload
 from dpsql.sql.parse import parse_batch
 
@@ -41,7 +43,7 @@ def exact_answers(db, sql):
     w = compile_workload(queries, policy)
     with db.db.connect() as con:
         cols = [(p.column, policy.column(p.column), p.unit_to_part) for p in w.partitions]
-        x = engine.data_vector(con, "adult", cols, w.n_cells)
+        x = data_engine.data_vector(con, "adult", cols, w.n_cells)
     return np.asarray(w.W @ x).reshape(-1)
 
 

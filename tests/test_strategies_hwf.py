@@ -10,14 +10,14 @@ import pytest
 import scipy.sparse as sp
 
 from dpsql.errors import StrategyError
-from dpsql.strategies.base import WorkloadInfo
+from dpsql.workload.matrix import WorkloadInfo
 from dpsql.strategies.fourier import FourierStrategy, fourier_rows
 from dpsql.strategies.hierarchical import (HierarchicalStrategy, candidates, choose_branching,
                                            level_sizes, tree_error, tree_gram_inverse,
                                            tree_matrix)
 from dpsql.strategies.kron import contract
 from dpsql.strategies.wavelet import WaveletStrategy, haar_height
-from dpsql.workloads import all_range, range_rows
+from dpsql.strategies.synthetic import all_range, range_rows
 
 STRATEGIES = [HierarchicalStrategy(), WaveletStrategy(), FourierStrategy()]
 EPSILON, DELTA = 0.5, 1e-4

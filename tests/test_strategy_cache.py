@@ -18,15 +18,19 @@ import pytest
 import scipy.sparse as sp
 
 import dpsql
-from dpsql import inference, ledger, selection, selection_cache, strategy_cache
+from dpsql.inference import least_squares as inference
+from dpsql.store import ledger
+from dpsql.mechanisms import matrix as selection
+from dpsql.store import selection_cache
+from dpsql.store import strategy_cache
 from dpsql.errors import StrategyError
-from dpsql.inference import LeastSquares
-from dpsql.intervals import laplace_interval_halfwidth
-from dpsql.results import Z95
+from dpsql.inference.least_squares import LeastSquares
+from dpsql.inference.intervals import laplace_interval_halfwidth
+from dpsql.store.results import Z95
 from dpsql.session import Session
 from dpsql.sql import memo
 from dpsql.strategies import REGISTRY
-from dpsql.workloads import all_range
+from dpsql.strategies.synthetic import all_range
 
 N = 48
 POLICY = {"epsilon": 1e6, "delta": 0.5,
@@ -351,7 +355,7 @@ def test_the_memo_returns_immutable_copies(db):
     object.__setattr__(w1, "_strategy_info", "junk")
     assert getattr(Session._compile(SQL, policies)[2], "_strategy_info", None) is None
     # another policy for the same text is another batch
-    changed = {"t": dpsql.policy.load_policy(dict(POLICY, columns=dict(
+    changed = {"t": dpsql.policy.policy.load_policy(dict(POLICY, columns=dict(
         POLICY["columns"], x={"type": "integer", "min": 0, "max": 2 * N - 1})), "t")["t"]}
     assert Session._compile(SQL, changed)[2].n_cells != w1.n_cells
 

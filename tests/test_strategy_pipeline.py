@@ -51,17 +51,17 @@ import numpy as np
 import pytest
 from scipy import optimize
 
-from dpsql import strategy_cache
+from dpsql.store import strategy_cache
 from dpsql.errors import StrategyError
-from dpsql.noise import SeededTestSampler
+from dpsql.noise.samplers import SeededTestSampler
 from dpsql.sql.compile import compile_workload
 from dpsql.sql.parse import parse_batch
 from dpsql.strategies import REGISTRY, WorkloadInfo
-from dpsql.strategies.coa import COA
-from dpsql.strategies.eigen import EigenDesign
-from dpsql.strategies.optimal import Optimal
+from dpsql.strategies.gaussian.coa import COA
+from dpsql.strategies.gaussian.eigen import EigenDesign
+from dpsql.strategies.gaussian.optimal import Optimal
 from dpsql.strategies.spec import OPTIONS, parse, resolve
-from dpsql.workloads import all_range, range_rows
+from dpsql.strategies.synthetic import all_range, range_rows
 
 from .conftest import ADULT_POLICY, adult_csv, make_adult_db
 

@@ -3,7 +3,7 @@
 Pure function of (queries, policy): nothing here reads data (DESIGN.md, step 2).
 
 1. Every atomic condition of the batch is evaluated on every *unit* of its column's declared
-   domain (see :mod:`dpsql.domain`), then every maximal one-column sub-condition (e.g.
+   domain (see :mod:`dpsql.workload.domain`), then every maximal one-column sub-condition (e.g.
    ``age < 30 OR age >= 60``) in Kleene logic; a GROUP BY column also separates each of
    its groups, and ``COUNT(col)`` separates NULL.
 2. Units on which all of these agree are merged: each used column is cut into the coarsest
@@ -28,9 +28,9 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from ..domain import FALSE, TRUE, NotExpressible
-from ..errors import UnsupportedQueryError
-from .parse import Atom, Const, Predicate, Query
+from dpsql.workload.domain import FALSE, TRUE, NotExpressible
+from dpsql.errors import UnsupportedQueryError
+from dpsql.sql.parse import Atom, Const, Predicate, Query
 
 #: the largest number of cells one batch may use (the product of the parts)
 MAX_CELLS = 4_000_000

@@ -21,7 +21,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import replace
 
-from .compile import Workload, compile_workload, workload_hash
+from dpsql.sql.compile import Workload, compile_workload, workload_hash
 
 #: batches remembered (least recently used dropped first)
 MAX_ENTRIES = 32

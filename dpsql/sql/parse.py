@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 import sqlglot
 from sqlglot import exp
 
-from ..errors import ParseError, UnsupportedQueryError
+from dpsql.errors import ParseError, UnsupportedQueryError
 
 # --------------------------------------------------------------------------- the IR
 

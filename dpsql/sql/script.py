@@ -1,7 +1,7 @@
 """Split a reporting script into workloads with their settings and release names.
 
 Pure: no database. The rules (workloads, settings, release names) are documented in
-:mod:`dpsql.scripts` and ``docs/scripts.md``; :mod:`dpsql.scripts` checks and runs the result.
+:mod:`dpsql.interfaces.scripts` and ``docs/scripts.md``; :mod:`dpsql.interfaces.scripts` checks and runs the result.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.tokens import TokenType
 
-from ..accounting import validate_delta, validate_epsilon
-from ..accounting import to_exact
-from ..errors import (DpsqlError, ParseError, PrivacyParameterError, UnsupportedQueryError,
+from dpsql.noise.accounting import validate_delta, validate_epsilon
+from dpsql.noise.accounting import to_exact
+from dpsql.errors import (DpsqlError, ParseError, PrivacyParameterError, UnsupportedQueryError,
                       show_exact)
-from ..noise import CALIBRATIONS
-from ..strategies import spec as strategy_spec
-from .parse import _position, split_statements
+from dpsql.noise.gaussian import CALIBRATIONS
+from dpsql.strategies import spec as strategy_spec
+from dpsql.sql.parse import _position, split_statements
 
 SETTINGS = ("epsilon", "delta", "strategy", "calibration", "model", "target_rmse",
             "max_stderr", "confirm", "nonnegative", "integer", "reuse", "release")
@@ -186,8 +186,8 @@ def parse_script(text: str, *, epsilon=None, delta=None, strategy: str | None = 
     ``target_rmse`` and ``max_stderr``); the script's ``SET`` statements override them.
 
     ``check_strategy(text) -> str`` validates a strategy setting (options included) and
-    raises :class:`~dpsql.errors.StrategyError`; :func:`dpsql.scripts.parse_script` passes
-    the full check (:func:`dpsql.scripts.check_strategy`). Without it only the spec's
+    raises :class:`~dpsql.errors.StrategyError`; :func:`dpsql.interfaces.scripts.parse_script` passes
+    the full check (:func:`dpsql.interfaces.scripts.check_strategy`). Without it only the spec's
     syntax is checked here (this module stays public-only)."""
     if not isinstance(text, str):
         raise ParseError("a script must be SQL text")

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from .base import (Plan, Strategy, WorkloadInfo, exact_l1_sensitivity, exact_l2_sensitivity,
+from dpsql.workload.matrix import (Plan, Strategy, WorkloadInfo, exact_l1_sensitivity, exact_l2_sensitivity,
                    l2_sensitivity,
                    make_plan)
-from .coa import COA
-from .eigen import EigenDesign
-from .fourier import FourierStrategy
-from .hierarchical import HierarchicalStrategy
-from .identity import IdentityStrategy
-from .optimal import Optimal
-from .wavelet import WaveletStrategy
-from .workload import WorkloadStrategy
+from dpsql.strategies.gaussian.coa import COA
+from dpsql.strategies.gaussian.eigen import EigenDesign
+from dpsql.strategies.fourier import FourierStrategy
+from dpsql.strategies.hierarchical import HierarchicalStrategy
+from dpsql.strategies.identity import IdentityStrategy
+from dpsql.strategies.gaussian.optimal import Optimal
+from dpsql.strategies.wavelet import WaveletStrategy
+from dpsql.strategies.workload import WorkloadStrategy
 
 REGISTRY: dict[str, Strategy] = {
     "identity": IdentityStrategy(),

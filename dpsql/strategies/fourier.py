@@ -38,9 +38,9 @@ import numpy as np
 import scipy.fft
 import scipy.linalg
 
-from ..errors import StrategyError
-from .base import QUANTUM_BITS, Plan, WorkloadInfo, make_plan
-from .kron import check_size
+from dpsql.errors import StrategyError
+from dpsql.workload.matrix import QUANTUM_BITS, Plan, WorkloadInfo, make_plan
+from dpsql.strategies.kron import check_size
 
 #: a coefficient is needed when f_jᵀ V f_j exceeds this times tr(V) / n
 NEEDED = 1e-9

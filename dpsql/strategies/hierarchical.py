@@ -39,8 +39,8 @@ import math
 import numpy as np
 import scipy.sparse as sp
 
-from .base import Plan, WorkloadInfo, make_plan
-from .kron import check_size, contract, kron_all
+from dpsql.workload.matrix import Plan, WorkloadInfo, make_plan
+from dpsql.strategies.kron import check_size, contract, kron_all
 
 #: largest branching factor tried besides b = n
 MAX_BRANCHING = 16

@@ -8,7 +8,7 @@ sensitivity is 1 and ``y = x + N(0, σ²I)`` with σ calibrated for Δ = 1 is (�
 
 from __future__ import annotations
 
-from .base import Plan, WorkloadInfo
+from dpsql.workload.matrix import Plan, WorkloadInfo
 
 
 class IdentityStrategy:

@@ -19,8 +19,8 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from ..errors import StrategyError
-from .base import WorkloadInfo
+from dpsql.errors import StrategyError
+from dpsql.workload.matrix import WorkloadInfo
 
 #: largest number of cells for which the structured strategies do dense n x n work
 MAX_CELLS = 8192

@@ -17,7 +17,7 @@ parameters of its constructor, with their types and ranges); anything else is re
 order, values normalised, options equal to their defaults dropped — and the strategy object:
 the registry's own object for a plain name (or when every option is a default), else a new
 instance built with the options. Such an instance carries ``options`` (the canonical option
-tuple), which :func:`dpsql.strategy_cache.fingerprint` hashes, so two specs that design
+tuple), which :func:`dpsql.store.strategy_cache.fingerprint` hashes, so two specs that design
 different strategies never share a cache entry, and equivalent spellings always do.
 ``auto`` is not a strategy: callers handle it before calling :func:`resolve`.
 """
@@ -29,10 +29,10 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ..errors import StrategyError
-from .coa import COA
-from .eigen import EigenDesign
-from .optimal import Optimal
+from dpsql.errors import StrategyError
+from dpsql.strategies.gaussian.coa import COA
+from dpsql.strategies.gaussian.eigen import EigenDesign
+from dpsql.strategies.gaussian.optimal import Optimal
 
 #: longest spec accepted (a spec is a name and a few options)
 MAX_SPEC_LENGTH = 200
@@ -230,7 +230,7 @@ def resolve(spec: str, registry: Mapping[str, Any] | None = None) -> tuple[str, 
     refuses together (e.g. ``principal_vectors`` with ``separation``).
     """
     if registry is None:
-        from . import REGISTRY as registry   # noqa: N811  (lazy: this module is imported there)
+        from dpsql.strategies import REGISTRY as registry   # noqa: N811  (lazy: this module is imported there)
     head = re.match(r"\s*([A-Za-z_][A-Za-z0-9_]*)", spec) if isinstance(spec, str) else None
     if head is not None and len(spec) <= MAX_SPEC_LENGTH:
         _known(head.group(1).lower(), spec, registry)   # an unknown name before any syntax

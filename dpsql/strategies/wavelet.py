@@ -26,8 +26,8 @@ import math
 import numpy as np
 import scipy.sparse as sp
 
-from .base import Plan, WorkloadInfo, make_plan
-from .kron import check_size, kron_all
+from dpsql.workload.matrix import Plan, WorkloadInfo, make_plan
+from dpsql.strategies.kron import check_size, kron_all
 
 
 def haar_height(k: int) -> int:

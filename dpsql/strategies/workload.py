@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import scipy.sparse as sp
 
-from ..errors import StrategyError
-from .base import Plan, WorkloadInfo, l2_sensitivity, make_plan
+from dpsql.errors import StrategyError
+from dpsql.workload.matrix import Plan, WorkloadInfo, l2_sensitivity, make_plan
 
 
 class WorkloadStrategy:

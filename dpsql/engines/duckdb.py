@@ -1,0 +1,152 @@
+"""The DuckDB engine: the data vector, the ONE query that reads protected rows.
+
+Called only by :mod:`dpsql.kernel` (import-linter contract in ``pyproject.toml``). It knows
+nothing of noise. The SQL is generated from the declared policy (identifiers and literals
+quoted by :mod:`dpsql.store.database`); no value in a row (NaN, ±inf, out of range,
+unparsable) can make it fail, and DuckDB's own error text never leaves (it can contain data
+values): every failure becomes :class:`~dpsql.errors.EngineError`.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from dpsql.errors import EngineError
+from dpsql.store.database import engine_errors, quote_ident, quote_literal, table_columns
+from dpsql.workload.domain import CategoricalDomain, IntegerDomain, NumericDomain
+
+
+def unit_sql(column: str, domain) -> str:
+    """SQL mapping a raw value of ``column`` to its unit index (the rule in domain.py)."""
+    c = quote_ident(column)
+    if isinstance(domain, CategoricalDomain):
+        null_unit = domain.null_unit if domain.nullable else domain.other_unit
+        if isinstance(domain.values[0], str):
+            v = f"CAST({c} AS VARCHAR)"
+            values = ", ".join(quote_literal(x) for x in domain.values)
+            return (f"CASE WHEN {c} IS NULL THEN {null_unit} ELSE "
+                    f"coalesce(list_position([{values}], {v}) - 1, {domain.other_unit}) END")
+        # only a value that *is* an integer matches (DuckDB's casts round 2.7 and '2.7' to 3)
+        v = f"TRY_CAST({c} AS BIGINT)"
+        exact = f"TRY_CAST({c} AS DOUBLE) = {v}"
+        values = ", ".join(str(int(x)) for x in domain.values)
+        return (f"CASE WHEN {c} IS NULL THEN {null_unit} ELSE "
+                f"coalesce(CASE WHEN {exact} THEN list_position([{values}]::BIGINT[], {v}) END"
+                f" - 1, {domain.other_unit}) END")
+    v = f"TRY_CAST({c} AS DOUBLE)"
+    null_unit = domain.null_unit if domain.nullable else 0
+    if isinstance(domain, IntegerDomain):
+        top = domain.n_value_units - 1
+        # clamp *before* the cast to BIGINT, so no value (NaN, +-inf, 1e308, INT64 limits)
+        # can make the cast, and with it the whole count, fail; NaN sorts above every number
+        return (f"CASE WHEN {v} IS NULL THEN {null_unit} ELSE "
+                f"CAST(least(greatest(floor(({v} - ({domain.min})) / {domain.step}), 0), "
+                f"{top}) AS BIGINT) END")
+    if isinstance(domain, NumericDomain):  # one rule for bins: part_sql's, part = unit
+        return part_sql(column, domain, np.arange(domain.n_units))
+    raise EngineError("internal error: unknown domain type")
+
+
+#: column types that hold continuous values: grouping by their raw value could make about one
+#: group per row, so their units are computed row by row instead
+_CONTINUOUS_TYPES = ("FLOAT", "DOUBLE", "REAL", "DECIMAL", "NUMERIC")
+
+
+def _groups_by_raw_value(domain, sql_type: str | None) -> bool:
+    """Whether the data-vector query groups ``domain``'s column by its raw value first.
+
+    Grouping by the raw column is as cheap as a plain GROUP BY (dictionary-compressed text
+    is grouped without looking at the strings), and the unit rule then runs once per distinct
+    value instead of once per row. That pays for columns with few distinct values, which is
+    what categorical and step-1 integer domains declare; numeric domains (and integer ones
+    with a step, or any domain over a floating-point or decimal column) usually sit on
+    columns with a value per row, so their part is computed per row. Either way the counts
+    are the same: only the speed depends on this choice.
+
+    Trade-off: a categorical or step-1 integer domain declared over a column with about one
+    value per row (an id) makes the inner GROUP BY as slow as a plain GROUP BY of that
+    column (about 0.9 s instead of 0.1 s per 10 million rows on 2 cores).
+    """
+    if sql_type is not None and sql_type.upper().startswith(_CONTINUOUS_TYPES):
+        return False
+    if isinstance(domain, CategoricalDomain):
+        return True
+    return isinstance(domain, IntegerDomain) and domain.step == 1
+
+
+def part_sql(column: str, domain, unit_to_part: np.ndarray) -> str:
+    """SQL mapping a raw value of ``column`` to its part: ``unit_to_part[unit]``.
+
+    For a numeric domain the units are consecutive bins, so runs of bins in one part are
+    tested together: one ``WHEN v < edge`` per change of part instead of one per bin, and no
+    list lookup (the same comparisons as :func:`unit_sql`, so the same parts).
+    """
+    if isinstance(domain, NumericDomain):
+        v = f"TRY_CAST({quote_ident(column)} AS DOUBLE)"
+        top = domain.n_value_units - 1
+        null_part = int(unit_to_part[domain.null_unit if domain.nullable else 0])
+        whens = " ".join(f"WHEN {v} < {quote_literal(domain.edges[u + 1])} "
+                         f"THEN {int(unit_to_part[u])}"
+                         for u in range(top) if unit_to_part[u] != unit_to_part[u + 1])
+        last = int(unit_to_part[top])
+        if not whens and null_part == last:
+            return f"({last})"
+        return f"(CASE WHEN {v} IS NULL THEN {null_part} {whens} ELSE {last} END)"
+    unit = unit_sql(column, domain)
+    if np.array_equal(unit_to_part, np.arange(len(unit_to_part))):
+        return f"({unit})"
+    mapping = ", ".join(str(int(p)) for p in unit_to_part)
+    return f"([{mapping}][({unit}) + 1])"
+
+
+def data_vector_sql(table: str, columns: Sequence[tuple[str, object, np.ndarray]], *,
+                    column_types: Mapping[str, str] | None = None) -> str:
+    """One query returning ``(cell, count)`` for every non-empty cell.
+
+    ``columns``: (name, domain, unit_to_part) per used column, slowest-varying first.
+    ``column_types`` (optional, name -> DuckDB type as in :func:`table_columns`) only
+    steers the plan (see :func:`_groups_by_raw_value`), never the counts.
+
+    Two levels: the inner GROUP BY keys each column either by its raw value or by its part
+    (computed per row); the outer query maps every distinct raw key to its part with the
+    same rule (:func:`part_sql`), combines the parts into the cell index and sums.
+    """
+    if not columns:
+        return f"SELECT 0 AS cell, count(*) AS n FROM main.{quote_ident(table)}"
+    types = column_types or {}
+    keys, terms = [], []
+    stride = 1
+    for i, (name, domain, unit_to_part) in reversed(list(enumerate(columns))):
+        key = f"k{i}"
+        if _groups_by_raw_value(domain, types.get(name.lower())):
+            keys.append(f"{quote_ident(name)} AS {key}")
+            part = part_sql(key, domain, unit_to_part)
+        else:
+            keys.append(f"{part_sql(name, domain, unit_to_part)} AS {key}")
+            part = key
+        n_parts = int(unit_to_part.max()) + 1
+        terms.append(part if stride == 1 else f"{part} * {stride}")
+        stride *= n_parts
+    cell = " + ".join(reversed(terms))
+    inner = (f"SELECT {', '.join(reversed(keys))}, count(*) AS n "
+             f"FROM main.{quote_ident(table)} GROUP BY ALL")
+    return (f"SELECT cell, CAST(sum(n) AS BIGINT) AS n FROM (SELECT CAST({cell} AS BIGINT) "
+            f"AS cell, n FROM ({inner})) GROUP BY cell")
+
+
+def data_vector(con, table: str, columns, n_cells: int) -> np.ndarray:
+    """The cell counts ``x`` (float64) by one DuckDB query. Called only by the kernel."""
+    types = table_columns(con, table) if columns else None
+    sql = data_vector_sql(table, columns, column_types=types)
+    with engine_errors("counting the cells"):
+        cells, counts = con.execute(
+            f"SELECT list(cell ORDER BY cell), list(n ORDER BY cell) FROM ({sql})").fetchone()
+    x = np.zeros(n_cells, dtype=np.float64)
+    if cells:
+        idx = np.asarray(cells, dtype=np.int64)
+        if idx.min() < 0 or idx.max() >= n_cells:
+            raise EngineError("internal error: a row mapped outside the declared cells")
+        x[idx] = np.asarray(counts, dtype=np.float64)
+    return x

@@ -1,0 +1,215 @@
+"""Least-squares inference and exact error factors for a measurement plan. Public inputs only.
+
+For ``y = A x + N(0, σ² I)`` the least-squares estimate is ``x̂ = A⁺ y`` and the answers are
+``W x̂``. When every row of ``W`` lies in the row space of ``A`` these answers are unbiased
+with covariance ``σ² W (AᵀA)⁺ Wᵀ`` (Li & Miklau, Eigen-Design §2). The *error factors* are
+the diagonal of ``W (AᵀA)⁺ Wᵀ``: per-answer variance in units of σ².
+
+Three paths, chosen by the plan:
+
+- identity: ``x̂ = y``; factor = ``||W_i||²``;
+- full column rank (most optimised strategies): Cholesky ``AᵀA = R Rᵀ``; then
+  ``x̂ = (AᵀA)⁻¹ Aᵀ y`` and the factors are the squared row norms of ``W R⁻ᵀ``;
+- otherwise one thin SVD ``A = U S Vᵀ``: ``x̂ = V S⁻¹ Uᵀ y``, factors from ``W V S⁻¹``,
+  with a check that ``W`` lies in the row space of ``A``.
+
+The factorisation is computed once per solver. A solver may instead be given a stored
+Cholesky factor (the selection cache keeps the chosen plan's): it is then read only when
+the solver is first used, and checked (:func:`valid_factor`) before it is trusted.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.linalg as la
+import scipy.optimize as so
+import scipy.sparse as sp
+
+from dpsql.errors import StrategyError
+from dpsql.workload.matrix import Plan
+
+#: largest p * n * min(p, n) for which a dense SVD of A is attempted (about 10 s on 2 cores)
+MAX_SVD_WORK = 2e10
+#: largest n for the Cholesky path (an n x n dense Gram matrix)
+MAX_DENSE_CELLS = 8192
+
+
+def _dense(A) -> np.ndarray:
+    return A.toarray() if sp.issparse(A) else np.asarray(A, dtype=float)
+
+
+class LeastSquares:
+    """The least-squares solver of one plan, with its factorisation computed once."""
+
+    def __init__(self, plan: Plan, factor=None, key: str | None = None):
+        """``factor``: optional callable returning a stored ``(L, lower)`` Cholesky factor of
+        ``AᵀA`` (or None); then nothing is factorised until the solver is first used, and
+        the stored factor is used only if :func:`valid_factor` accepts it. ``key``: the
+        plan's name in the strategy cache, when it has one (caches derived from the plan
+        use it)."""
+        self.plan = plan
+        self.key = key
+        self._svd = None
+        self._chol = None
+        self._factor = factor
+        self._ready = factor is None
+        if factor is None:
+            self._factorise()
+
+    def _ensure(self) -> None:
+        if self._ready:
+            return
+        try:
+            loaded = self._factor()
+        except Exception:           # an unreadable cache entry is recomputed, never fatal
+            loaded = None
+        if loaded is not None and valid_factor(self.plan, loaded[0], loaded[1]):
+            self._chol = loaded
+        else:
+            self._factorise()
+        self._ready = True
+        self._factor = None
+
+    @property
+    def cholesky(self):
+        """``(c, lower)`` of the Cholesky path, or None (identity or SVD path)."""
+        self._ensure()
+        return self._chol
+
+    def _factorise(self) -> None:
+        plan = self.plan
+        if plan.A is None:
+            return
+        p, n = plan.A.shape
+        if p >= n and n <= MAX_DENSE_CELLS:
+            G = plan.A.T @ plan.A
+            G = G.toarray() if sp.issparse(G) else np.asarray(G)
+            try:
+                c, low = la.cho_factor(G, lower=True, check_finite=False)
+                # a Cholesky factor of an ill-conditioned Gram matrix is not trusted
+                d = np.abs(np.diag(c))
+                if d.min() > 1e-7 * d.max():
+                    self._chol = (c, low)
+                    return
+            except la.LinAlgError:
+                pass
+        if float(p) * n * min(p, n) > MAX_SVD_WORK:
+            raise StrategyError(
+                f"strategy {plan.strategy!r}: a rank-deficient {p} x {n} strategy is too large "
+                "for dense least squares here; use strategy='identity' or a smaller batch")
+        dense = _dense(plan.A)
+        U, s, Vt = np.linalg.svd(dense, full_matrices=False)
+        tol = s.max(initial=0.0) * max(dense.shape) * np.finfo(float).eps
+        keep = s > tol
+        self._svd = (U[:, keep], s[keep], Vt[keep])
+
+    def _check_support(self, W) -> None:
+        """Every query must be estimable: its row lies in the row space of A."""
+        self._ensure()
+        if self._svd is None:
+            return
+        _, _, Vt = self._svd
+        Wd = _dense(W)
+        resid = Wd - (Wd @ Vt.T) @ Vt
+        scale = max(1.0, float(np.abs(Wd).max(initial=0.0)))
+        if np.abs(resid).max(initial=0.0) > 1e-8 * scale * max(1, Wd.shape[1]):
+            raise StrategyError(
+                f"strategy {self.plan.strategy!r} does not measure enough to answer every "
+                "query of this batch (a query lies outside the strategy's row space)")
+
+    def error_factors(self, W) -> np.ndarray:
+        """Diagonal of ``W (AᵀA)⁺ Wᵀ``: per-answer variance divided by σ²."""
+        self._ensure()
+        if self.plan.A is None:
+            Ws = sp.csr_matrix(W)
+            return np.asarray(Ws.multiply(Ws).sum(axis=1), dtype=float).reshape(-1)
+        if self._chol is not None:
+            c, low = self._chol
+            # rows of W R^-T: solve R B = W^T (R lower-triangular Cholesky factor)
+            B = la.solve_triangular(c, _dense(W).T, lower=low, check_finite=False)
+            return (B ** 2).sum(axis=0)
+        self._check_support(W)
+        _, s, Vt = self._svd
+        B = np.asarray(W @ Vt.T) / s
+        return (B ** 2).sum(axis=1)
+
+    def total_error_factor(self, V: np.ndarray) -> float:
+        """``tr(V (AᵀA)⁺)``: the workload's total squared error divided by σ² (from V alone)."""
+        self._ensure()
+        if self.plan.A is None:
+            return float(np.trace(V))
+        if self._chol is not None:
+            c, low = self._chol
+            return float(np.trace(la.cho_solve((c, low), V, check_finite=False)))
+        _, s, Vt = self._svd
+        return float(np.trace((Vt / s[:, None] ** 2).T @ Vt @ V))
+
+    def coefficients(self, W) -> np.ndarray:
+        """``W A⁺`` (dense, rows of W by measurements): each answer's weights on ``y``."""
+        self._ensure()
+        if self.plan.A is None:
+            return _dense(W)
+        if self._chol is not None:
+            X = la.cho_solve(self._chol, _dense(W).T, check_finite=False)   # (AᵀA)⁻¹ Wᵀ
+            return np.asarray(self.plan.A @ X).T
+        self._check_support(W)
+        U, s, Vt = self._svd
+        return (np.asarray(W @ Vt.T) / s) @ U.T
+
+    def answers(self, W, y: np.ndarray) -> np.ndarray:
+        """``W x̂`` with ``x̂ = A⁺ y``."""
+        self._ensure()
+        if self.plan.A is None:
+            return np.asarray(W @ y, dtype=float).reshape(-1)
+        if self._chol is not None:
+            x_hat = la.cho_solve(self._chol, np.asarray(self.plan.A.T @ y).reshape(-1),
+                                 check_finite=False)
+            return np.asarray(W @ x_hat, dtype=float).reshape(-1)
+        U, s, Vt = self._svd
+        x_hat = Vt.T @ ((U.T @ y) / s)
+        return np.asarray(W @ x_hat, dtype=float).reshape(-1)
+
+
+def valid_factor(plan: Plan, c, lower) -> bool:
+    """Whether ``c`` (a stored Cholesky factor) factorises ``AᵀA`` of ``plan``: the right
+    shape, finite, a well-conditioned diagonal (the test the factorisation itself applies)
+    and a probe: ``L Lᵀ v`` equals ``Aᵀ (A v)`` to 1e-8 for a fixed positive ``v``."""
+    if plan.A is None or lower is not True or not isinstance(c, np.ndarray):
+        return False
+    p, n = plan.A.shape
+    if c.shape != (n, n) or p < n or n > MAX_DENSE_CELLS or not np.all(np.isfinite(c)):
+        return False
+    d = np.abs(np.diag(c))
+    if n == 0 or not d.min() > 1e-7 * d.max():
+        return False
+    v = 1.5 + np.cos(np.arange(n) * 0.7)
+    L = np.tril(c)
+    lhs = L @ (L.T @ v)
+    rhs = np.asarray(plan.A.T @ np.asarray(plan.A @ v).reshape(-1)).reshape(-1)
+    scale = float(np.linalg.norm(rhs))
+    return scale > 0 and float(np.linalg.norm(lhs - rhs)) <= 1e-8 * scale
+
+
+def consistent(plan, W, y, answers, nonnegative: bool, integer: bool):
+    """Post-processed answers and the note that says how (public inputs and ``y`` only).
+
+    ``nonnegative``: the cell estimates minimise ``||A x − y||`` subject to ``x ≥ 0``
+    (scipy's bounded least squares; for the identity strategy, ``max(y, 0)``) and the
+    answers are ``W x``; ``integer``: answers rounded to the nearest integer. Neither spends
+    privacy (post-processing). Their errors are no longer the reported ones: the standard
+    errors describe the unconstrained least-squares estimate.
+    """
+    notes = []
+    if nonnegative:
+        if plan.A is None:
+            x_hat = np.maximum(np.asarray(y, dtype=float), 0.0)
+        else:
+            x_hat = so.lsq_linear(plan.A, np.asarray(y, dtype=float), bounds=(0.0, np.inf),
+                                  lsmr_tol="auto", method="trf").x
+        answers = np.asarray(W @ x_hat, dtype=float).reshape(-1)
+        notes.append("non-negative least squares on the cell estimates")
+    if integer:
+        answers = np.rint(answers)
+        notes.append("rounded to integers")
+    return answers, ("dpsql post-processing: " + "; ".join(notes) + ". stderr, ci_low and "
+                     "ci_high describe the unconstrained least-squares estimate.")

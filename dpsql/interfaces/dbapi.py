@@ -1,0 +1,568 @@
+"""PEP 249 (DB-API 2.0) driver for dpsql: read-only, and every execute is one charged release.
+
+Each ``execute``/``executemany`` is ONE release (one workload, one ledger charge of the
+connection's current epsilon/delta, committed before any number is returned); a refused
+request charges nothing. Accuracy first: a connection set with ``target_rmse`` or
+``max_stderr`` instead of ``epsilon`` spends the smallest epsilon meeting it, only with
+``confirm=True`` (``cursor.explain`` shows that epsilon first). With ``reuse`` (the
+default) an execute is answered from past releases wherever they are at least as accurate:
+a batch they answer in full is recorded at zero cost. Parameters (qmark) are bound
+as literals in sqlglot's syntax tree, never by string formatting. ``threadsafety = 2``:
+threads may share the module and connections, not cursors (a Session holds a per-file lock
+for each whole request, and a connection's settings are read once per execute under its own
+lock). Design, error mapping and compliance: docs/dbapi.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import decimal
+import functools
+import math
+import numbers
+import os
+import threading
+import weakref
+from typing import Any, Iterable, Iterator, Sequence
+
+from sqlglot import exp
+
+from dpsql import errors as dp
+from dpsql.session import InterruptedAfterRelease, Session
+from dpsql.sql.parse import split_statements
+from dpsql.interfaces.scripts import check_asks, check_flag, check_model, check_strategy, check_target
+
+apilevel = "2.0"
+threadsafety = 2
+paramstyle = "qmark"
+
+
+# --------------------------------------------------------------------------- exceptions
+
+class Warning(Exception):  # noqa: A001 - the name is the PEP's
+    """Important warnings (PEP 249). dpsql raises none today."""
+
+
+class Error(Exception):
+    """Base of every error this driver raises (PEP 249)."""
+
+
+class InterfaceError(Error):
+    """The driver itself was misused or failed, not the database."""
+
+
+class DatabaseError(Error):
+    """An error related to the database."""
+
+
+class DataError(DatabaseError):
+    """Problems with processed data (unused: dpsql never fails on a data value)."""
+
+
+class OperationalError(DatabaseError):
+    """The request could not be served now: budget exhausted, database busy."""
+
+
+class IntegrityError(DatabaseError):
+    """Relational integrity (unused: the driver never writes rows)."""
+
+
+class InternalError(DatabaseError):
+    """The database engine failed (its own message is withheld)."""
+
+
+class ProgrammingError(DatabaseError):
+    """The request is invalid: SQL outside the allow-list, bad parameters, closed objects."""
+
+
+class NotSupportedError(DatabaseError):
+    """The operation does not exist for dpsql (rollback)."""
+
+
+class BudgetExceeded(OperationalError):
+    """The release would exceed a budget; nothing was charged. Carries dpsql's exact figures."""
+
+    table = quantity = spent = requested = limit = None
+
+
+_ERROR_MAP = (
+    (dp.BudgetExceededError, BudgetExceeded),
+    (dp.LockTimeoutError, OperationalError),
+    (dp.EngineError, InternalError),
+    ((dp.ParseError, dp.PolicyError, dp.PrivacyParameterError, dp.StrategyError),
+     ProgrammingError),
+    (dp.DpsqlError, DatabaseError),
+)
+
+
+@contextlib.contextmanager
+def _backend() -> Iterator[None]:
+    """The boundary with dpsql: its errors leave as PEP 249 errors, chained with ``from``."""
+    try:
+        yield
+    except dp.DpsqlError as exc:
+        cls = next(c for kinds, c in _ERROR_MAP if isinstance(exc, kinds))
+        err = cls(str(exc))
+        if isinstance(exc, dp.BudgetExceededError):
+            for attr in ("table", "quantity", "spent", "requested", "limit"):
+                setattr(err, attr, getattr(exc, attr))
+        raise err from exc
+
+
+def check_closed(method):
+    """Refuse any use of a closed connection or cursor (PEP 249: raise an Error)."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        if self.closed:
+            raise ProgrammingError(f"{type(self).__name__} is closed; open a new one")
+        return method(self, *args, **kwargs)
+    return wrapper
+
+
+# --------------------------------------------------------------------------- types
+
+class DBAPITypeObject:
+    """A PEP 249 type object: equal to every type code (DuckDB type name) it covers."""
+
+    def __init__(self, name: str, *type_codes: str):
+        self.name = name
+        self.type_codes = frozenset(type_codes)
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, DBAPITypeObject):
+            return self is other
+        return isinstance(other, str) and other.upper() in self.type_codes
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+    def __repr__(self) -> str:
+        return f"<DB-API type {self.name}>"
+
+
+STRING = DBAPITypeObject("STRING", "VARCHAR")
+BINARY = DBAPITypeObject("BINARY", "BLOB")
+NUMBER = DBAPITypeObject("NUMBER", "BIGINT", "INTEGER", "DOUBLE", "DECIMAL")
+DATETIME = DBAPITypeObject("DATETIME", "DATE", "TIME", "TIMESTAMP")
+ROWID = DBAPITypeObject("ROWID", "ROWID")
+
+Date = datetime.date
+Time = datetime.time
+Timestamp = datetime.datetime
+Binary = bytes
+DateFromTicks = datetime.date.fromtimestamp              # local time, as the PEP's examples
+TimestampFromTicks = datetime.datetime.fromtimestamp
+
+
+def TimeFromTicks(ticks: float) -> datetime.time:
+    return TimestampFromTicks(ticks).time()
+
+
+def _type_code(values) -> str | None:
+    """The DuckDB type name of a released column, from its (public) values."""
+    for v in values:
+        if v is None:
+            continue
+        if isinstance(v, str):
+            return "VARCHAR"
+        return "BIGINT" if isinstance(v, numbers.Integral) else "DOUBLE"
+    return None
+
+
+#: the last columns of every result table: count, stderr, ci_low, ci_high (DOUBLE, and
+#: NULL in every row for stderr and the interval when the error is data-dependent: MWEM)
+_ANSWER_COLUMNS = 4
+
+
+# --------------------------------------------------------------------------- binding
+
+def _literal(value: Any, position: int) -> exp.Expression:
+    """One parameter as a syntax-tree literal; refuses every type dpsql cannot compare."""
+    where = f"parameter {position}"
+    if value is None:
+        raise ProgrammingError(f"{where} is None: a comparison with NULL is never true in "
+                               "SQL; write IS NULL / IS NOT NULL in the SQL text instead")
+    if isinstance(value, str):
+        return exp.Literal.string(value)
+    if isinstance(value, bool):
+        raise ProgrammingError(f"{where} is a bool; pass an int or a str matching the "
+                               "column's declared domain")
+    if isinstance(value, numbers.Integral):
+        number, negative = str(abs(int(value))), value < 0
+    elif isinstance(value, (float, decimal.Decimal)):
+        if not (math.isfinite(value) if isinstance(value, float) else value.is_finite()):
+            raise ProgrammingError(f"{where} is not finite; pass a finite number")
+        number = repr(abs(float(value))) if isinstance(value, float) else str(abs(value))
+        negative = value < 0
+    else:
+        raise ProgrammingError(f"{where} has type {type(value).__name__}; dpsql binds int, "
+                               "float, str and decimal.Decimal")
+    node = exp.Literal.number(number)
+    return exp.Neg(this=node) if negative else node
+
+
+class _Template:
+    """A batch parsed once; ``bind`` returns its statements with the parameters inlined."""
+
+    def __init__(self, sql: Any):
+        if not isinstance(sql, str):
+            raise ProgrammingError(f"the operation must be SQL text (str), got "
+                                   f"{type(sql).__name__}")
+        self.sql = sql
+        with _backend():
+            self.statements = split_statements(sql)
+        self.count = 0
+        for stmt in self.statements:
+            for node in stmt.find_all(exp.Placeholder, bfs=False):
+                if node.this is not None:
+                    raise ProgrammingError(
+                        f"placeholder {node.sql()!r} is not supported: paramstyle is 'qmark', "
+                        "write ? for each parameter and pass a sequence")
+                self.count += 1
+
+    def bind(self, parameters: Any) -> str | list[str]:
+        if parameters is None:
+            parameters = ()
+        if isinstance(parameters, (str, bytes, bytearray)) or not isinstance(parameters,
+                                                                              Sequence):
+            raise ProgrammingError(
+                f"parameters must be a sequence (tuple or list) for paramstyle 'qmark', got "
+                f"{type(parameters).__name__}")
+        if len(parameters) != self.count:
+            raise ProgrammingError(f"the SQL has {self.count} placeholder(s) but "
+                                   f"{len(parameters)} parameter(s) were given")
+        if self.count == 0:
+            return self.sql                      # submitted as written (ledger, positions)
+        values = iter(parameters)
+        position = 0
+        bound = []
+        for stmt in self.statements:
+            tree = stmt.copy()
+            # depth-first in argument order: the placeholders' order in the text
+            for node in list(tree.find_all(exp.Placeholder, bfs=False)):
+                position += 1
+                if node is tree:
+                    raise ProgrammingError("a whole statement cannot be a parameter")
+                node.replace(_literal(next(values), position))
+            bound.append(tree)
+        texts = [tree.sql(dialect="duckdb") for tree in bound]
+        # post-condition: the text parses back to exactly the bound trees
+        with _backend():
+            again = split_statements(texts)
+        if len(again) != len(bound) or any(a != b for a, b in zip(again, bound)):
+            raise InterfaceError("the parameters could not be bound exactly as literals; "
+                                 "nothing was submitted")
+        return texts
+
+
+# --------------------------------------------------------------------------- connection
+
+def _validated(epsilon, delta, strategy, calibration, model, target_rmse=None,
+               max_stderr=None, confirm=False, nonnegative=False, integer=False,
+               reuse=True) -> dict:
+    """The settings, checked together (all or nothing); strategy and model normalised.
+
+    ``delta = 0`` asks for pure epsilon-DP; a strategy may carry options
+    (``eigen(principal_vectors=32)``, ``mwem(rounds=20)``); ``model="metric"`` asks for d_X
+    privacy, which needs ``delta = 0`` and strategy ``auto`` or ``dx_laplace``. Exactly one
+    of ``epsilon``, ``target_rmse`` and ``max_stderr`` is set (the others None)."""
+    with _backend():
+        check_asks(epsilon, target_rmse, max_stderr)
+        targets = {k: None if v is None else check_target(v, k)
+                   for k, v in (("target_rmse", target_rmse), ("max_stderr", max_stderr))}
+        flags = {k: check_flag(v, k) for k, v in (("confirm", confirm),
+                                                  ("nonnegative", nonnegative),
+                                                  ("integer", integer),
+                                                  ("reuse", reuse))}
+        strategy = check_strategy(strategy)
+        model = check_model(model)
+        Session._objective(epsilon, targets["target_rmse"], targets["max_stderr"], model,
+                           strategy)
+        _, dlt = Session._privacy(1 if epsilon is None else epsilon, delta, calibration)
+        Session._model(model, dlt, strategy)
+    return {"epsilon": epsilon, "delta": delta, "strategy": strategy,
+            "calibration": calibration, "model": model, **targets, **flags}
+
+
+#: settings :meth:`Session.explain` takes (the others only matter when spending)
+_EXPLAIN_SETTINGS = ("epsilon", "delta", "strategy", "calibration", "model", "target_rmse",
+                     "max_stderr", "reuse")
+
+
+def connect(database, **settings) -> "Connection":
+    """``connect(database, *, epsilon, delta, strategy="auto", calibration="analytic",
+    model="dp", target_rmse=None, max_stderr=None, confirm=False, nonnegative=False,
+    integer=False, reuse=True, lock_timeout=30.0)``: every execute charges (epsilon, delta);
+    change them in between. ``delta=0`` is pure epsilon-DP; ``model="metric"`` charges
+    epsilon per unit distance to the table's metric (d_X) budget. Accuracy first:
+    ``target_rmse`` or ``max_stderr`` instead of ``epsilon`` (with ``confirm=True`` to spend
+    what it needs). ``nonnegative`` / ``integer``: consistent answers (post-processing, no
+    privacy cost). ``reuse=False``: measure every execute afresh (by default answers come
+    from past releases wherever they are at least as accurate, at no privacy cost)."""
+    return Connection(database, **settings)
+
+
+def _setting(name: str, doc: str) -> property:
+    def get(self):
+        return self._settings[name]
+
+    @check_closed
+    def set_(self, value):
+        self.configure(**{name: value})
+    return property(get, set_, doc=doc)
+
+
+class Connection:
+    """A DB-API connection: one dpsql Session plus the privacy settings each execute charges."""
+
+    Warning, Error, InterfaceError, DatabaseError = Warning, Error, InterfaceError, DatabaseError
+    DataError, OperationalError, IntegrityError = DataError, OperationalError, IntegrityError
+    InternalError, ProgrammingError = InternalError, ProgrammingError
+    NotSupportedError, BudgetExceeded = NotSupportedError, BudgetExceeded
+
+    def __init__(self, database, *, epsilon=None, delta, strategy="auto",
+                 calibration="analytic", model="dp", target_rmse=None, max_stderr=None,
+                 confirm=False, nonnegative=False, integer=False, reuse=True,
+                 lock_timeout: float = 30.0):
+        try:
+            path = os.fspath(database)
+        except TypeError:
+            raise ProgrammingError(f"database must be a path, got "
+                                   f"{type(database).__name__}") from None
+        self._settings = _validated(epsilon, delta, strategy, calibration, model, target_rmse,
+                                    max_stderr, confirm, nonnegative, integer, reuse)
+        self._lock = threading.Lock()
+        self._cursors: weakref.WeakSet = weakref.WeakSet()
+        self.closed = False
+        with _backend():
+            self._session = Session(path, lock_timeout=lock_timeout)
+
+    epsilon = _setting("epsilon", "ε charged by each execute; validated on assignment.")
+    delta = _setting("delta", "δ charged by each execute; validated on assignment.")
+    strategy = _setting("strategy", "'auto', a strategy name, or a spec with options such as "
+                                    "'eigen(principal_vectors=32)' or 'mwem(rounds=20)'.")
+    calibration = _setting("calibration", "'analytic' (default) or 'classic' (ε < 1 only).")
+    model = _setting("model", "'dp' (default) or 'metric' (d_X privacy: ε per unit distance, "
+                              "δ = 0, charged to the table's metric budget).")
+    target_rmse = _setting("target_rmse", "Accuracy first, instead of epsilon (None): spend the "
+                                          "smallest ε whose expected RMSE is at most this.")
+    max_stderr = _setting("max_stderr", "Accuracy first, instead of epsilon (None): the "
+                                        "smallest ε giving every answer this standard error.")
+    confirm = _setting("confirm", "True: spend the ε an accuracy target needs (False: such an "
+                                  "execute is refused with that ε; nothing is charged).")
+    nonnegative = _setting("nonnegative", "True: answers from non-negative least squares.")
+    integer = _setting("integer", "True: answers rounded to integers.")
+    reuse = _setting("reuse", "True (default): answer from past releases wherever they are at "
+                              "least as accurate (no privacy cost); False: measure afresh.")
+
+    @check_closed
+    def configure(self, **changes) -> None:
+        """Change several settings at once (validated together; all or nothing), e.g.
+        ``configure(epsilon=None, target_rmse=50, confirm=True)`` to ask by accuracy."""
+        unknown = set(changes) - set(self._settings)
+        if unknown:
+            raise ProgrammingError(f"unknown setting(s) {sorted(unknown)}; settings are "
+                                   f"{sorted(self._settings)}")
+        with self._lock:
+            new = dict(self._settings, **changes)
+            self._settings = _validated(**new)
+
+    def _snapshot(self) -> dict:
+        with self._lock:
+            return dict(self._settings)
+
+    @property
+    def session(self) -> Session:
+        """The underlying dpsql Session (budget, ledger, data-owner operations)."""
+        return self._session
+
+    @check_closed
+    def cursor(self) -> "Cursor":
+        cur = Cursor(self)
+        with self._lock:
+            self._cursors.add(cur)
+        return cur
+
+    @check_closed
+    def commit(self) -> None:
+        """No-op: the ledger commits every release before its answers are returned."""
+
+    @check_closed
+    def rollback(self) -> None:
+        raise NotSupportedError(
+            "rollback is not supported: every release was charged to the privacy ledger and "
+            "committed before its answers were returned, and spent budget cannot be given "
+            "back (the answers may already have been seen); there is never a pending "
+            "transaction to roll back")
+
+    @check_closed
+    def close(self) -> None:
+        self.closed = True
+        with self._lock:
+            cursors = list(self._cursors)
+        for cur in cursors:
+            cur._closed = True
+        with _backend():
+            self._session.close()
+
+    def __enter__(self) -> "Connection":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self.closed:
+            self.close()
+
+
+# --------------------------------------------------------------------------- cursor
+
+class Cursor:
+    """Executes dpsql batches and walks their result sets (one per statement)."""
+
+    def __init__(self, connection: Connection):
+        self.connection = connection
+        self.arraysize = 1
+        self.lastrowid = None
+        self.release = None               # the last dpsql Release, or None
+        self._closed = False
+        self._sets: list | None = None    # ResultTable per statement of the last release
+        self._set = 0
+        self._row = 0
+
+    @property
+    def closed(self) -> bool:
+        return self._closed or self.connection.closed
+
+    # ---------------------------------------------------------------- executing
+    @check_closed
+    def execute(self, operation: str, parameters: Sequence | None = None) -> "Cursor":
+        """Answer ``operation`` (one or more statements) as one charged release."""
+        self._reset()
+        return self._answer(_Template(operation).bind(parameters))
+
+    @check_closed
+    def executemany(self, operation: str, seq_of_parameters) -> "Cursor":
+        """Bind every parameter set and answer all statements as ONE workload (one charge).
+
+        Result sets come in order: the statements of the first parameter set, then the
+        second, ... (``nextset()`` moves between them). No parameter sets: nothing runs.
+        """
+        self._reset()
+        template = _Template(operation)
+        if isinstance(seq_of_parameters, (str, bytes)) or not isinstance(seq_of_parameters,
+                                                                         Iterable):
+            raise ProgrammingError("seq_of_parameters must be a sequence of sequences")
+        texts: list[str] = []
+        for parameters in seq_of_parameters:
+            bound = template.bind(parameters)
+            texts.extend([bound] if isinstance(bound, str) else bound)
+        if not texts:
+            return self
+        return self._answer(texts)
+
+    @check_closed
+    def explain(self, operation: str, parameters: Sequence | None = None):
+        """Expected accuracy under the connection's settings: reads no data, charges nothing.
+        With an accuracy target, the explanation is at the smallest ε meeting it (its
+        ``epsilon`` is what an execute with ``confirm=True`` would spend)."""
+        sql = _Template(operation).bind(parameters)
+        s = self.connection._snapshot()
+        with _backend():
+            return self.connection._session.explain(
+                sql, **{k: v for k, v in s.items() if k in _EXPLAIN_SETTINGS})
+
+    def _answer(self, sql: str | list[str]) -> "Cursor":
+        settings = self.connection._snapshot()
+        try:
+            with _backend():
+                release = self.connection._session.answer(sql, **settings)
+        except InterruptedAfterRelease as exc:  # charged and written: keep the answers
+            self._load(exc.release)
+            raise
+        self._load(release)
+        return self
+
+    def _load(self, release) -> None:
+        self.release = release
+        self._sets, self._set, self._row = list(release.results), 0, 0
+
+    def _reset(self) -> None:
+        self._sets, self._set, self._row = None, 0, 0   # a failed execute leaves no results
+
+    def _current(self):
+        if self._sets is None:
+            raise ProgrammingError("no result set: call execute() or executemany() first")
+        return self._sets[self._set]
+
+    # ---------------------------------------------------------------- results
+    @property
+    def description(self):
+        """(name, type_code, None, None, None, None, None) per column; None before execute."""
+        if self._sets is None:
+            return None
+        table = self._sets[self._set]
+        first_answer = len(table.columns) - _ANSWER_COLUMNS
+        return tuple((name, "DOUBLE" if i >= first_answer else
+                      _type_code(row[i] for row in table.rows), None, None, None, None, None)
+                      for i, name in enumerate(table.columns))
+
+    @property
+    def rowcount(self) -> int:
+        """Rows of the current result set; -1 before any execute."""
+        return -1 if self._sets is None else len(self._sets[self._set].rows)
+
+    @check_closed
+    def fetchone(self) -> tuple | None:
+        rows = self.fetchmany(1)
+        return rows[0] if rows else None
+
+    @check_closed
+    def fetchmany(self, size: int | None = None) -> list[tuple]:
+        size = self.arraysize if size is None else size
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise ProgrammingError("fetchmany size must be a non-negative int")
+        rows = self._current().rows[self._row:self._row + size]
+        self._row += len(rows)
+        return [tuple(r) for r in rows]
+
+    @check_closed
+    def fetchall(self) -> list[tuple]:
+        return self.fetchmany(len(self._current().rows))
+
+    @check_closed
+    def nextset(self) -> bool | None:
+        """Move to the next statement's result set: True, or None when there is none."""
+        self._current()
+        if self._set + 1 >= len(self._sets):
+            return None
+        self._set, self._row = self._set + 1, 0
+        return True
+
+    def __iter__(self) -> "Cursor":
+        return self
+
+    def __next__(self) -> tuple:
+        row = self.fetchone()
+        if row is None:
+            raise StopIteration
+        return row
+
+    @check_closed
+    def setinputsizes(self, sizes) -> None:
+        """No-op (PEP 249 allows it)."""
+
+    @check_closed
+    def setoutputsize(self, size, column=None) -> None:
+        """No-op (PEP 249 allows it)."""
+
+    @check_closed
+    def close(self) -> None:
+        self._closed = True
+        self._reset()
+
+    def __enter__(self) -> "Cursor":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self.closed:
+            self.close()

@@ -1,0 +1,1 @@
+"""Noise: secure exact samplers, calibration of their scales, and exact privacy accounting."""

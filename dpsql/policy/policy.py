@@ -1,0 +1,179 @@
+"""Policies: the declared public domains and the privacy budget of each protected table.
+
+A policy is declared by the data owner, in TOML or as a Python dict of the same shape::
+
+    [tables.adult]
+    epsilon = 1.0
+    delta = 1e-6
+    [tables.adult.columns]
+    age = { type = "integer", min = 17, max = 90 }
+    sex = { type = "categorical", values = ["Female", "Male"] }
+    hours_per_week = { type = "numeric", min = 0, max = 100, edges = [0, 20, 40, 60, 100] }
+
+An optional ``rows = 32561`` declares the table's row count public (the data owner's
+decision: under add/remove-one-row neighbours the count is otherwise private); MWEM then
+uses it instead of spending budget on estimating it. An optional ``[tables.<t>.metric]``
+section declares a d_X (metric privacy) model with its own budget (:mod:`dpsql.policy.metric`).
+Domains are never inferred from data. Budgets are kept as exact fractions (floats are read through
+their shortest decimal form, so ``0.1`` is exactly one tenth).
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, Mapping
+
+from dpsql.noise.accounting import fraction_from_text, fraction_to_text, to_exact
+from dpsql.workload.domain import Domain, domain_from_spec
+from dpsql.errors import PolicyError, PrivacyParameterError
+
+_TABLE_FIELDS = {"epsilon", "delta", "columns", "rows", "metric"}
+
+
+def _is_identifier(name: str) -> bool:
+    return isinstance(name, str) and name.isidentifier() and name.isascii()
+
+
+@dataclass(frozen=True)
+class TablePolicy:
+    """The frozen, validated policy of one protected table."""
+
+    table: str
+    epsilon: Fraction
+    delta: Fraction
+    columns: tuple  # tuple[(name, Domain)], in declaration order
+    rows: int | None = None  # the row count, when the owner declares it public (MWEM's n)
+    metric: object = None    # dpsql.policy.metric.MetricModel: the d_X model and its own budget
+
+    def column(self, name: str) -> Domain:
+        for col, dom in self.columns:
+            if col == name.lower():
+                return dom
+        raise KeyError(name)
+
+    @property
+    def column_names(self) -> list[str]:
+        return [c for c, _ in self.columns]
+
+    def to_json(self) -> str:
+        doc = {
+            "table": self.table,
+            "epsilon": fraction_to_text(self.epsilon),
+            "delta": fraction_to_text(self.delta),
+            "columns": {c: d.describe() for c, d in self.columns},
+        }
+        if self.rows is not None:
+            doc["rows"] = self.rows
+        if self.metric is not None:
+            doc["metric"] = self.metric.describe()
+        return json.dumps(doc)
+
+    @classmethod
+    def from_json(cls, text: str) -> "TablePolicy":
+        raw = json.loads(text)
+        cols = tuple((c, domain_from_spec(raw["table"], c, spec))
+                     for c, spec in raw["columns"].items())
+        metric = None
+        if raw.get("metric") is not None:
+            from dpsql.policy.metric import MetricModel
+
+            metric = MetricModel.from_dict(raw["metric"], table=raw["table"],
+                                           domains=dict(cols))
+        return cls(raw["table"], fraction_from_text(raw["epsilon"]),
+                   fraction_from_text(raw["delta"]), cols, rows=raw.get("rows"), metric=metric)
+
+
+def table_policy_from_spec(table: str, spec: Mapping[str, Any]) -> TablePolicy:
+    """Validate one table's policy entry (``epsilon``, ``delta``, ``columns``)."""
+    if not _is_identifier(table):
+        raise PolicyError(
+            f"table name {table!r} must be a plain SQL identifier (letters, digits, _)"
+        )
+    if not isinstance(spec, Mapping):
+        raise PolicyError(f"policy for table {table!r} must be a table/dict")
+    unknown = set(spec) - _TABLE_FIELDS
+    if unknown:
+        raise PolicyError(
+            f"policy for table {table!r}: unknown field(s) {sorted(unknown)} "
+            f"(allowed: {sorted(_TABLE_FIELDS)})"
+        )
+    for need in ("epsilon", "delta", "columns"):
+        if need not in spec:
+            raise PolicyError(f"policy for table {table!r} must declare `{need}`")
+    try:
+        epsilon = to_exact(spec["epsilon"], "epsilon")
+        delta = to_exact(spec["delta"], "delta")
+    except PrivacyParameterError as exc:
+        raise PolicyError(f"policy for table {table!r}: {exc}") from None
+    if epsilon <= 0:
+        raise PolicyError(f"policy for table {table!r}: epsilon budget must be > 0, got "
+                          f"{float(epsilon)!r}")
+    if not (0 <= delta < 1):
+        raise PolicyError(f"policy for table {table!r}: delta budget must be in [0, 1), got "
+                          f"{float(delta)!r}")
+    rows = spec.get("rows")
+    if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 0):
+        raise PolicyError(f"policy for table {table!r}: `rows` (the row count, declared "
+                          f"public) must be an integer >= 0, got {rows!r}")
+    columns = spec["columns"]
+    if not isinstance(columns, Mapping) or len(columns) == 0:
+        raise PolicyError(f"policy for table {table!r} must declare at least one column")
+    cols = []
+    seen = set()
+    for name, col_spec in columns.items():
+        if not _is_identifier(name):
+            raise PolicyError(
+                f"table {table!r}: column name {name!r} must be a plain SQL identifier"
+            )
+        if name.lower() in seen:
+            raise PolicyError(f"table {table!r}: column {name!r} declared twice")
+        seen.add(name.lower())
+        cols.append((name.lower(), domain_from_spec(table, name, col_spec)))
+    metric = None
+    if spec.get("metric") is not None:
+        from dpsql.policy.metric import MetricModel
+
+        metric = MetricModel.from_dict(spec["metric"], table=table, domains=dict(cols))
+    return TablePolicy(table.lower(), epsilon, delta, tuple(cols), rows=rows, metric=metric)
+
+
+def load_policy(source: str | Path | Mapping[str, Any], table: str | None = None) -> dict:
+    """Read a policy from a TOML path or a dict; returns ``{table: TablePolicy}``.
+
+    The dict may be the whole document (``{"tables": {name: {...}}}``) or, when ``table`` is
+    given, that one table's entry.
+    """
+    if isinstance(source, (str, Path)):
+        path = Path(source)
+        if not path.is_file():
+            raise PolicyError(f"policy file {str(path)!r} does not exist")
+        try:
+            doc: Mapping[str, Any] = tomllib.loads(path.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as exc:
+            raise PolicyError(f"policy file {str(path)!r} is not valid TOML: {exc}") from None
+    elif isinstance(source, Mapping):
+        doc = source
+    else:
+        raise PolicyError("a policy must be a path to a TOML file or a dict")
+    if "tables" in doc:
+        unknown = set(doc) - {"tables"}
+        if unknown:
+            raise PolicyError(f"policy: unknown top-level field(s) {sorted(unknown)}")
+        tables = doc["tables"]
+        if not isinstance(tables, Mapping) or not tables:
+            raise PolicyError("policy: `tables` must declare at least one table")
+        out = {name.lower(): table_policy_from_spec(name, spec) for name, spec in tables.items()}
+        if table is not None:
+            if table.lower() not in out:
+                raise PolicyError(
+                    f"policy declares no table {table!r} (it declares {sorted(out)})"
+                )
+            return {table.lower(): out[table.lower()]}
+        return out
+    if table is None:
+        raise PolicyError("policy has no [tables.<name>] section; name the table")
+    return {table.lower(): table_policy_from_spec(table, doc)}

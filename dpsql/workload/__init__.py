@@ -1,0 +1,1 @@
+"""Workloads: declared column domains and the matrices over cells (W, the strategy A and its exact sensitivities)."""
