@@ -140,14 +140,9 @@ class _NoPolicy:
 _NO_POLICY = _NoPolicy()
 
 
-def plan_for(con, name: str, strategy, workload: Workload, family: str = "gaussian"):
-    """(plan, seconds, cached): the strategy's plan, from the cache when it is costly."""
-    plan, seconds, cached, _ = _plan_for(con, name, strategy, workload, family)
-    return plan, seconds, cached
-
-
 def _plan_for(con, name: str, strategy, workload: Workload, family: str):
-    """:func:`plan_for` and the plan's key in the strategy cache (None when not cached)."""
+    """(plan, seconds, cached, key): the strategy's plan, from the strategy cache when it is
+    costly, and its key in that cache (None when not cached)."""
     info = workload_info(workload)
     started = time.perf_counter()
     key = None
