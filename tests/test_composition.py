@@ -399,3 +399,34 @@ def test_reprotecting_a_legacy_table_with_charges_keeps_basic_composition(tmp_pa
     assert db.policies()["adult"].zcdp_delta == 0
     assert db.budget("adult")["epsilon_remaining"] == F(7, 4)
     db.close()
+
+
+def _script(n, epsilon, delta):
+    lines = [f"SET dpsql.epsilon = {epsilon};", f"SET dpsql.delta = {delta};",
+             "SET dpsql.strategy = 'identity';"]
+    for i in range(n):
+        lines += [f"SET dpsql.release = 'w{i}';",
+                  f"SELECT COUNT(*) AS c{i} FROM adult WHERE age < {30 + i};"]
+    return "\n".join(lines) + "\n"
+
+
+def test_a_script_of_many_small_gaussian_workloads_is_checked_by_the_same_filter(tmp_path):
+    """Twelve Gaussian workloads of (0.1, 1e-7) on (1, 1e-5): more than basic composition
+    allows (10), within the zCDP route; the script's pre-check admits them all. Two of
+    (0.9, 1e-7) fit neither route: refused before anything is charged."""
+    from dpsql import scripts
+
+    assert not compose([gaussian(F(9, 10), F(1, 10**7))] * 2, TABLE).fits
+    db = make_adult_db(str(tmp_path / "s.duckdb"), reuse=False, sampler=SeededTestSampler(8))
+    outcomes = scripts.run(db, _script(12, 0.1, 1e-7))
+    assert len(outcomes) == 12 and len(db.ledger()) == 12
+    b = db.budget("adult")
+    assert b["accounting"] == "zcdp" and b["epsilon_spent"] <= 1
+    assert b["basic_epsilon"] == F(12, 10)
+    db.close()
+    db = make_adult_db(str(tmp_path / "t.duckdb"), reuse=False, sampler=SeededTestSampler(9))
+    before = snapshot(db)
+    with pytest.raises(BudgetExceededError, match="total of workloads"):
+        scripts.run(db, _script(2, 0.9, 1e-7))
+    assert snapshot(db) == before
+    db.close()
