@@ -54,7 +54,7 @@ class BudgetExceededError(DpsqlError):
     """A release would spend more than a table's budget. Nothing was charged."""
 
     def __init__(self, table: str, quantity: str, spent: Fraction, requested: Fraction,
-                 limit: Fraction):
+                 limit: Fraction, note: str = ""):
         self.table = table
         self.quantity = quantity
         self.spent = spent
@@ -63,7 +63,8 @@ class BudgetExceededError(DpsqlError):
         super().__init__(
             f"budget exceeded on table {table!r}: {quantity} spent {show_exact(spent)}, "
             f"requested {show_exact(requested)}, limit {show_exact(limit)} "
-            f"(remaining {show_exact(limit - spent)}); nothing was charged or released"
+            f"(remaining {show_exact(max(limit - spent, Fraction(0)))}); nothing was charged "
+            f"or released" + (f"; {note}" if note else "")
         )
 
 

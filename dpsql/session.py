@@ -257,13 +257,19 @@ class Session(AdaptivePaths):
                 policies = {table.lower(): policies[table.lower()]}
             out = {}
             for name, p in policies.items():
-                used = ledger.spent(con, name)
-                left = ledger.remaining(p, used)
+                reading = ledger.total(con, p)
+                used = reading.reported(p.budget)
+                left = ledger.remaining(p, reading)
                 out[name] = {
-                    "accounting": ledger.accounting_method(con, name),
+                    "accounting": reading.method,
                     "epsilon_limit": p.epsilon, "delta_limit": p.delta,
                     "epsilon_spent": used.epsilon, "delta_spent": used.delta,
                     "epsilon_remaining": left.epsilon, "delta_remaining": left.delta,
+                    # the two routes of the filter (docs/accounting.md)
+                    "zcdp_delta": p.zcdp_delta,
+                    "basic_epsilon": reading.basic.epsilon, "basic_delta": reading.basic.delta,
+                    "basic_delta_limit": p.budget.basic_delta,
+                    "rho_spent": reading.rho, "zcdp_epsilon": reading.zcdp_epsilon,
                 }
                 if p.metric is not None:
                     used_metric = ledger.spent_metric(con, name)

@@ -60,9 +60,10 @@ from typing import Callable
 
 from sqlglot import exp
 
+from dpsql.noise import composition
 from dpsql.store import database as engine
 from dpsql.store import ledger
-from dpsql.noise.accounting import PrivacyCost, check_budget
+from dpsql.noise.accounting import PrivacyCost
 from dpsql.errors import BudgetExceededError, DpsqlError, show_exact
 from dpsql.store.results import Explanation, Release
 from dpsql.session import InterruptedAfterRelease, Session, request_matches
@@ -132,6 +133,21 @@ class ScriptInterrupted(KeyboardInterrupt):
         self.released = tuple(released)
 
 
+def _planned_rho(expl: Explanation, epsilon: Fraction) -> Fraction | None:
+    from dpsql.session import _rho
+
+    if expl.mechanism == "laplace":
+        return epsilon * epsilon / 2
+    if expl.mechanism != "gaussian":
+        return None
+    best = next((c for c in expl.candidates if c.strategy == expl.strategy
+                 and c.mechanism == expl.mechanism), None)
+    if best is None or getattr(best, "plan", None) is None:
+        return None
+    rho = _rho(expl, epsilon, best.plan)      # a double: inflated as the ledger reads it
+    return Fraction(rho) * (1 + Fraction(1, 10**12))
+
+
 @dataclass(frozen=True)
 class PlannedWorkload:
     workload: ScriptWorkload
@@ -166,6 +182,13 @@ class PlannedWorkload:
         """The delta this workload spends: none when its noise is not Gaussian (``auto``
         may choose Laplace noise, which spends epsilon only)."""
         return self.workload.delta if self.explanation.mechanism == "gaussian" else Fraction(0)
+
+    @property
+    def rho(self) -> Fraction | None:
+        """The zCDP cost the release will record (as :meth:`Session.answer` computes it):
+        ``ε²/2`` for pure noise, ``Δ²/2σ²`` for Gaussian noise; None when not known here
+        (the zCDP route then stays closed for the script's check, never more permissive)."""
+        return _planned_rho(self.explanation, self.epsilon)
 
     @property
     def free(self) -> bool:
@@ -404,13 +427,23 @@ def _check_budget(session: Session, items):
                         "its workloads fit",)
         return exc
 
-    for t, cost in to_charge.items():
-        b = budgets[t]
-        try:
-            check_budget(t, PrivacyCost(b["epsilon_spent"], b["delta_spent"]), cost,
-                         PrivacyCost(b["epsilon_limit"], b["delta_limit"]))
-        except BudgetExceededError as exc:
-            return to_charge, remaining, metric, metric_left, total_of(exc, (t, False))
+    if to_charge:
+        # the accountant's own check (dpsql.noise.composition): it reads only the sums of ε, δ and
+        # ρ, so the script's workloads on a table are checked as one request of their totals
+        rhos: dict[str, Fraction | None] = {}
+        for item in items:
+            if item.recorded is None and not item.free and item.workload.model != "metric":
+                t, rho = item.explanation.table, item.rho
+                rhos[t] = (None if rho is None or rhos.get(t, Fraction(0)) is None
+                           else rhos.get(t, Fraction(0)) + rho)
+        with session.db.connect() as con:
+            policies = ledger.load_policies(con)
+            for t, cost in to_charge.items():
+                total = composition.Spend(cost.epsilon, cost.delta, rhos.get(t))
+                try:
+                    composition.check(t, ledger.spends(con, t), total, policies[t].budget)
+                except BudgetExceededError as exc:
+                    return to_charge, remaining, metric, metric_left, total_of(exc, (t, False))
     for t, eps in metric.items():
         b = budgets[t]
         if "metric_epsilon_limit" not in b:   # explain refuses this first; kept as a guard

@@ -39,7 +39,7 @@ class AdaptivePaths:
         names_given = self._check_targets(con, queries, policies, replace)
         expl, options, compiled, blocks = self._mwem_plan(policy, queries, eps, dlt, strategy)
         cost = PrivacyCost(eps, dlt)
-        ledger.check_fits(con, policy, cost, "mwem", None)
+        ledger.check_fits(con, policy, cost, "mwem", float(eps) ** 2 / 2.0)   # as charged
         request = ledger.Charge(
             table=policy.table, cost=cost, mechanism="mwem", strategy=strategy,
             calibration=None, sigma=None, sensitivity=1.0, rho=float(eps) ** 2 / 2.0,

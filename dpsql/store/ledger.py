@@ -13,8 +13,10 @@ Metric (d_X) releases are charged to the table's separate metric budget: their �
 distance goes to ``metric_epsilon_exact`` and their standard ε and δ are 0, so the two kinds
 of budget are never summed together.
 
-Totals: :func:`spent` composes the charges with the accountant of :mod:`dpsql.noise.composition`
-(basic composition, or zCDP when tighter); the budget check in :func:`charge` uses the same.
+Totals: :func:`total` reads the charges with the accountant of :mod:`dpsql.noise.composition` (a
+privacy filter with two routes, basic composition and zCDP, each with its own share of the
+table's δ; docs/accounting.md); the budget check in :func:`charge` uses the same. Nothing is
+ever rewritten: a policy saved before the δ split existed reads as basic composition alone.
 
 Atomicity: :func:`charge` runs inside one transaction on a connection that holds the
 database exclusively (see :mod:`dpsql.store.database`), so the budget check and the ledger insert
@@ -24,6 +26,8 @@ nothing.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Sequence
@@ -120,6 +124,10 @@ def save_policy(con, policy: TablePolicy, *, replace: bool = False) -> None:
                 raise PolicyError(
                     f"table {policy.table!r} is already protected; pass replace=True to change "
                     "its policy (its ledger is kept and still counts against the new budget)")
+            if "zcdp_delta" not in json.loads(existing[0]) and spends(con, policy.table):
+                # the table's releases were admitted by the rule before the δ split: keep it
+                # on basic composition alone, never more budget under its past releases
+                policy = dataclasses.replace(policy, zcdp_delta=Fraction(0))
             con.execute("UPDATE dpsql.policies SET policy = ?, data_epoch = "
                         "CAST(uuid() AS VARCHAR) WHERE table_name = ?",
                         [policy.to_json(), policy.table])
@@ -149,15 +157,36 @@ def spends(con, table: str) -> list:
                                  mechanism, rho) for eps, delta, mechanism, rho in rows]
 
 
-def spent(con, table: str) -> PrivacyCost:
-    """Total charged to ``table`` by the accountant (:mod:`dpsql.noise.composition`): basic
-    composition in exact fractions, or the zCDP total when that is smaller."""
-    return composition.compose(spends(con, table))[0]
+def _policy(con, policy: TablePolicy | str) -> TablePolicy:
+    if isinstance(policy, TablePolicy):
+        return policy
+    policies = load_policies(con)
+    if policy.lower() not in policies:
+        raise PolicyError(f"table {policy!r} is not protected")
+    return policies[policy.lower()]
 
 
-def accounting_method(con, table: str) -> str:
-    """``basic`` or ``zcdp``: which bound gives the table's current total."""
-    return composition.compose(spends(con, table))[1]
+def total(con, policy: TablePolicy | str) -> composition.Total:
+    """The accountant's reading of the table's charges against its budget (a policy, or the
+    name of a protected table)."""
+    policy = _policy(con, policy)
+    return composition.compose(spends(con, policy.table), policy.budget)
+
+
+def spent(con, policy: TablePolicy | str) -> PrivacyCost:
+    """The (ε, δ) reported as spent on the table (:meth:`composition.Total.reported`): basic
+    composition while it covers every release, then the zCDP route's ``(ε(Σρ, δ_z), δ_z)``.
+    A table whose policy is not stored reads as basic composition."""
+    if isinstance(policy, str) and policy.lower() not in load_policies(con):
+        return composition.compose(spends(con, policy.lower()),
+                                   composition.Budget(0, 0)).basic
+    policy = _policy(con, policy)
+    return total(con, policy).reported(policy.budget)
+
+
+def accounting_method(con, policy: TablePolicy | str) -> str:
+    """``basic`` or ``zcdp``: which route gives the table's reported total."""
+    return total(con, policy).method
 
 
 def check_fits(con, policy: TablePolicy, cost: PrivacyCost, mechanism: str,
@@ -165,7 +194,7 @@ def check_fits(con, policy: TablePolicy, cost: PrivacyCost, mechanism: str,
     """Refuse a request the budget cannot take under the accountant (writes nothing)."""
     composition.check(policy.table, spends(con, policy.table),
                       composition.Spend.of(cost.epsilon, cost.delta, mechanism, rho),
-                      PrivacyCost(policy.epsilon, policy.delta))
+                      policy.budget)
 
 
 def spent_metric(con, table: str) -> Fraction:
@@ -223,13 +252,13 @@ def charge(con, policy: TablePolicy, request: Charge) -> tuple[int, list[str]]:
     Raises :class:`BudgetExceededError` (nothing written) when it does not fit.
     """
     ensure_schema(con)
-    limit = PrivacyCost(policy.epsilon, policy.delta)
     with engine_errors("charging the ledger"):
         con.execute("BEGIN TRANSACTION")
     try:
         composition.check(policy.table, spends(con, policy.table),
                           composition.Spend.of(request.cost.epsilon, request.cost.delta,
-                                               request.mechanism, request.rho), limit)
+                                               request.mechanism, request.rho),
+                          policy.budget)
         if request.metric_epsilon is not None:
             check_metric(con, policy, request.metric_epsilon)
         with engine_errors("charging the ledger"):
@@ -323,9 +352,13 @@ def entries(con, table: str | None = None) -> list[dict]:
         return [dict(zip(names, row)) for row in cur.fetchall()]
 
 
-def remaining(policy: TablePolicy, used: PrivacyCost) -> PrivacyCost:
-    return PrivacyCost(policy.epsilon - used.epsilon, policy.delta - used.delta)
+def remaining(policy: TablePolicy, reading: composition.Total) -> PrivacyCost:
+    """What is left, never below 0: ε against the reported total, δ what basic composition may
+    still charge (``δ_B − δ_z − Σ δᵢ``; the zCDP route spends ρ, not δ)."""
+    used = reading.reported(policy.budget)
+    return PrivacyCost(max(policy.epsilon - used.epsilon, Fraction(0)),
+                       max(policy.budget.basic_delta - reading.basic.delta, Fraction(0)))
 
 
 __all__ = ["Charge", "charge", "ensure_schema", "entries", "load_policies", "mark_released",
-           "remaining", "save_policy", "spent", "spent_metric", "Fraction"]
+           "remaining", "save_policy", "spent", "spent_metric", "total", "Fraction"]
