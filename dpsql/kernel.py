@@ -41,8 +41,7 @@ from dpsql.noise.gaussian import (exact_zcdp_rho, gaussian_shortfall, sensitivit
 from dpsql.noise.laplace import laplace_shortfall
 from dpsql.noise.samplers import SecureGaussianSampler
 from dpsql.mechanisms.mwem.groups import AllIntervals, CandidateGroups, GroupValues, group_sensitivities
-from dpsql.workload.matrix import (EXACT_ROWS, QUANTUM_BITS, Plan, exact_l1_sensitivity,
-                                   exact_l2_sensitivity)
+from dpsql.workload.matrix import EXACT_ROWS, QUANTUM_BITS, Plan, exact_l1_sensitivity
 
 #: a recorded zCDP ρ may overstate the exact one by at most this (relative); above, the
 #: ledger's record does not match the σ used and the release is refused
@@ -278,7 +277,7 @@ def _checked_scale(workload, plan: Plan, sigma: float, request: ledger.Charge,
         sensitivity = 1.0 if plan.A is None else exact_l1_sensitivity(plan.A)
         _refuse_if(laplace_shortfall(sigma, cost.epsilon, sensitivity, p), what)
         return sensitivity
-    sensitivity = 1.0 if plan.A is None else exact_l2_sensitivity(plan.A)
+    sensitivity = 1.0 if plan.A is None else verify.exact_l2_norm(plan.A)
     _refuse_if(gaussian_shortfall(sigma, cost.epsilon, cost.delta, sensitivity, p,
                                   request.calibration), what)
     need = exact_zcdp_rho(sigma, sensitivity_with_slack(sigma, sensitivity, p))

@@ -197,6 +197,23 @@ def test_kernel_scale_check_is_exact_at_the_boundary():
         assert laplace_mod.laplace_shortfall(np.nextafter(b, 0), eps, sens, p) is not None
 
 
+def test_kernel_recomputes_the_plans_recorded_l2_sensitivity_exactly():
+    import scipy.sparse as sp
+
+    from dpsql.noise.verify import exact_l2_norm
+    from dpsql.workload.matrix import exact_l2_sensitivity, make_plan
+
+    rng = np.random.default_rng(4)
+    for _ in range(50):
+        m, n = (int(k) for k in rng.integers(1, 40, 2))
+        A = sp.random(m, n, density=0.3, random_state=rng) - sp.random(m, n, density=0.2,
+                                                                       random_state=rng)
+        if A.nnz:
+            plan = make_plan("random", A)
+            assert exact_l2_norm(plan.A) == plan.sensitivity == exact_l2_sensitivity(plan.A)
+            assert exact_l2_norm(plan.A.toarray()) == plan.sensitivity
+
+
 # --------------------------------------------------------------------------- MWEM
 
 MWEM = dict(epsilon=Fraction(1), delta=0, strategy="mwem(rounds=3)")
@@ -246,6 +263,20 @@ def test_dx_laplace_with_one_scale_halved_is_refused(db, monkeypatch):
     monkeypatch.setattr(catalog, "explain_dx", tampered)
     msg = _refused_before_charge(db, "d_X Laplace release", DX_BATCH, **DX)
     assert "metric constraint on cell edge" in msg
+
+
+def test_dx_scale_check_errs_only_against_the_caller():
+    """A 3-cell chain (d = 1/10 per edge), ε = 2: the constraint is b ≥ 5 for a query that
+    separates one edge; 1e-12 above passes, 1e-12 below fails, b = 0 needs a constant."""
+    from dpsql.noise.verify import dx_scales_shortfall
+
+    W = np.array([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    I, J, d = np.array([0, 1]), np.array([1, 2]), np.array([0.1, 0.1])
+    ok = dx_scales_shortfall(W, [5 * (1 + 1e-12), 0.0], I, J, d, 3, Fraction(2))
+    assert ok is None
+    assert "edge (0, 1)" in dx_scales_shortfall(W, [5 * (1 - 1e-12), 0.0], I, J, d, 3, 2)
+    assert "exactly" in dx_scales_shortfall(W, [0.0, 0.0], I, J, d, 3, 2)
+    assert "not connected" in dx_scales_shortfall(W, [6.0, 0.0], I[:1], J[:1], d[:1], 3, 2)
 
 
 def test_dx_laplace_exact_query_must_be_constant(db, monkeypatch):

@@ -23,6 +23,7 @@ distance.
 
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 
 import numpy as np
@@ -68,6 +69,28 @@ def _connected(n_cells: int, I, J) -> bool:
     G = sp.coo_matrix((np.ones(len(I)), (np.asarray(I), np.asarray(J))),
                       shape=(n_cells, n_cells))
     return connected_components(G, directed=False)[0] == 1
+
+
+def exact_l2_norm(A) -> float:
+    """Largest column L2 norm of a matrix on the 2^-20 grid, exactly, rounded up: the same
+    double as :func:`dpsql.workload.matrix.exact_l2_sensitivity` (the plan's recorded
+    sensitivity), vectorised (integer squares summed per column with ``np.add.at``, exact
+    in int64 below 2^22 rows), so the kernel recomputes it cheaply for wide plans."""
+    if sp.issparse(A):
+        M = sp.csr_matrix(A)
+        ints = np.rint(M.data * _Q).astype(np.int64)
+        sums = np.zeros(M.shape[1], dtype=np.int64)
+        np.add.at(sums, M.indices, ints * ints)
+    else:
+        ints = np.rint(np.asarray(A, dtype=float) * _Q).astype(np.int64)
+        sums = (ints * ints).sum(axis=0, dtype=np.int64) if ints.size else np.zeros(0, np.int64)
+    best = int(sums.max()) if sums.size else 0
+    if best == 0:
+        return 0.0
+    root = math.sqrt(best)                        # then the smallest double with root² >= best
+    while Fraction(root) ** 2 < best:
+        root = math.nextafter(root, math.inf)
+    return root / _Q
 
 
 def group_l1_shortfall(S, starts, stops, sensitivity: float) -> str | None:
@@ -190,4 +213,4 @@ def dx_scales_shortfall(W, scales, I, J, d, n_cells: int, epsilon) -> str | None
     return None
 
 
-__all__ = ["dx_scales_shortfall", "group_l1_shortfall", "metric_lipschitz_shortfall"]
+__all__ = ["dx_scales_shortfall", "exact_l2_norm", "group_l1_shortfall", "metric_lipschitz_shortfall"]
