@@ -2,10 +2,20 @@
 
 ``Kernel.release`` (DESIGN.md, step 4):
 
+0. derives the plan's exact sensitivity and checks the noise scale it is given against the
+   cost it will charge (:func:`_checked_scale`); a shortfall raises :class:`ScaleRefused`
+   with nothing charged or read;
 1. charges the ledger, atomically (check and insert in one transaction, committed);
 2. asks the engine for the cell counts ``x`` (one GROUP BY);
 3. computes ``A x`` and adds Gaussian or Laplace noise from the secure sampler;
 4. returns ``y`` and drops ``x``.
+
+The kernel owns noise scales (issue 15): no σ, Laplace ``b``, d_X scale, sensitivity or
+Lipschitz constant computed by a caller is used before the kernel has checked it against
+the charge with exact (or provably conservative) arithmetic. The matrix and d_X Laplace
+releases check before the charge; data-dependent runs (MWEM, d_X MWEM, SmallDB) check each
+step in their oracle before it spends or samples, which can only be after the run's charge.
+Each method's docstring states its privacy argument.
 
 Nothing but ``y`` crosses this boundary: strategies, inference and result writing see only
 ``y``, ``W``, ``A`` and σ. If the charge is refused, nothing was read, released or charged.
