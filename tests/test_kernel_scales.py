@@ -197,6 +197,20 @@ def test_kernel_scale_check_is_exact_at_the_boundary():
         assert laplace_mod.laplace_shortfall(np.nextafter(b, 0), eps, sens, p) is not None
 
 
+@pytest.mark.parametrize("eps", ["0.01", "0.5", "0.999", "3", "50"])
+@pytest.mark.parametrize("dlt", ["1e-12", "1e-6", "0.1"])
+def test_gaussian_check_passes_the_calibrated_sigma_and_nothing_below(eps, dlt):
+    from dpsql.noise.gaussian import calibrate_with_rounding, gaussian_shortfall
+
+    eps, dlt = Fraction(eps), Fraction(dlt)
+    for sens, p in [(1.0, 1), (2.5, 1000), (0.001, 40)]:
+        cals = ["analytic", "classic"] if eps < 1 else ["analytic"]
+        for cal in cals:
+            sigma = calibrate_with_rounding(eps, dlt, sens, p, cal)
+            assert gaussian_shortfall(sigma, eps, dlt, sens, p, cal) is None
+            assert gaussian_shortfall(sigma * (1 - 1e-6), eps, dlt, sens, p, cal) is not None
+
+
 def test_kernel_recomputes_the_plans_recorded_l2_sensitivity_exactly():
     import scipy.sparse as sp
 
