@@ -554,11 +554,29 @@ class MetricMeasureOracle(MeasureOracle):
         if len(graphs) != len(self._xs):
             raise StrategyError("internal error: one cell metric per block is needed")
         self._pairs = [metric_pairs(g) for g in graphs]
+        for I, J, _, n in self._pairs:
+            if not verify.is_connected(n, I, J):
+                raise StrategyError("internal error: a block's cell graph is not connected")
         self._diffs: dict = {}
+        self._exact: dict = {}
 
     def close(self) -> None:
         super().close()
         self._diffs = {}
+        self._exact = {}
+
+    def _lipschitz_shortfall(self, block: int, S, c: float, what: str, cache: bool = True,
+                             **form) -> None:
+        """Verify ``c`` on the block's edges with exact integer differences (kept per
+        matrix for the run, like :meth:`_differences`); refuse on a shortfall."""
+        I, J, d, n = self._pairs[int(block)]
+        key = (int(block), id(S))
+        if cache and key not in self._exact:
+            self._exact[key] = (S, verify.edge_differences(S, I, J) if len(I) else None)
+        diffs = self._exact[key][1] if cache else None
+        _refuse_if(verify.metric_lipschitz_shortfall(S, I, J, d, n, c, diffs=diffs,
+                                                     connected=True, **form),
+                   what, after_charge=True)
 
     def _differences(self, block: int, W):
         from dpsql.mechanisms.dx.mechanisms import PairDifferences
@@ -583,10 +601,8 @@ class MetricMeasureOracle(MeasureOracle):
         c = self._differences(block, groups.W).groups(groups.starts, groups.stops).max()
         c = self._positive(block, c)
         eps = self._affordable(epsilon)
-        I, J, d, n = self._pairs[int(block)]
-        _refuse_if(verify.metric_lipschitz_shortfall(groups.W, I, J, d, n, c, form="sum",
-                                                     starts=groups.starts, stops=groups.stops),
-                   "d_X MWEM selection", after_charge=True)
+        self._lipschitz_shortfall(block, groups.W, c, "d_X MWEM selection", form="sum",
+                                  starts=groups.starts, stops=groups.stops)
         eps = self._spend(eps)
         diff = np.abs(values - answers)
         scores = np.add.reduceat(diff, groups.offsets[:-1]) - penalties
@@ -601,9 +617,8 @@ class MetricMeasureOracle(MeasureOracle):
             raise StrategyError("internal error: nothing to measure")
         c = self._positive(block, PairDifferences(R, self._pairs[int(block)]).total())
         eps = self._affordable(epsilon)
-        I, J, d, n = self._pairs[int(block)]
-        _refuse_if(verify.metric_lipschitz_shortfall(R, I, J, d, n, c, form="sum"),
-                   "d_X MWEM measurement", after_charge=True)
+        self._lipschitz_shortfall(block, R, c, "d_X MWEM measurement", cache=False,
+                                  form="sum")
         b = self._verified_laplace(eps, c, R.shape[0], "d_X MWEM measurement")
         eps = self._spend(eps)
         y, _ = self._sampler.laplace(np.asarray(R @ x, dtype=float), b, sensitivity=c,
@@ -639,9 +654,8 @@ class MetricMeasureOracle(MeasureOracle):
         diffs = self._differences(block, W)
         c = self._positive(block, float(diffs.rows().max(initial=0.0)))
         eps = self._affordable(epsilon)
-        I, J, d, n = self._pairs[int(block)]
-        _refuse_if(verify.metric_lipschitz_shortfall(Wc, I, J, d, n, c, form="max"),
-                   "d_X SmallDB selection", after_charge=True)
+        self._lipschitz_shortfall(block, Wc, c, "d_X SmallDB selection", cache=False,
+                                  form="max")
         sensitivity = math.nextafter(c * size, math.inf)
         eps = self._spend(eps)
         scores = smalldb_scores(Wc, x, Y, size, total)

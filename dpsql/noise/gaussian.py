@@ -339,10 +339,13 @@ def gaussian_shortfall(sigma: float, epsilon, delta, sensitivity: float, dimensi
     full = sensitivity_with_slack(sigma, sensitivity, p)
     leak = gaussian_delta(sigma, eps, full)
     if not leak <= dlt * (1.0 - _DELTA_MARGIN):
-        needed = calibrate_with_rounding(epsilon, delta, sensitivity, p, "analytic")
+        try:
+            needed = f"needs sigma >= {calibrate_with_rounding(epsilon, delta, sensitivity, p)!r}"
+        except PrivacyParameterError:
+            needed = "no sigma can be calibrated for it"
         return (f"Gaussian sigma={sigma!r} for L2 sensitivity {sensitivity!r} is "
                 f"(epsilon={eps!r}, delta={leak:.6g})-DP, not within the charged "
-                f"delta={dlt!r} (needs sigma >= {needed!r})")
+                f"delta={dlt!r} ({needed})")
     if calibration == "classic":
         if eps >= 1.0:
             return "the classic Gaussian calibration is valid only for epsilon < 1"

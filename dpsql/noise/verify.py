@@ -45,6 +45,13 @@ def _grid_ints(M) -> sp.csr_matrix:
     return out
 
 
+def edge_differences(M, I, J) -> sp.csr_matrix:
+    """``|M[:, i] − M[:, j]|`` per edge (edges × rows) of a grid matrix, as exact int64
+    multiples of 2^-20; pass it to :func:`metric_lipschitz_shortfall` as ``diffs`` to check
+    several constants against the same rows without recomputing it."""
+    return _edge_differences(_grid_ints(M), I, J)
+
+
 def _edge_differences(M_int: sp.csr_matrix, I, J) -> sp.csr_matrix:
     """``|M[:, i] − M[:, j]|`` per edge (edges × rows), int64, exact."""
     MT = M_int.T.tocsr()
@@ -61,6 +68,11 @@ def _upper(values: np.ndarray, terms: int) -> np.ndarray:
 def _allowance(lipschitz: float, d: np.ndarray) -> np.ndarray:
     """``lipschitz · d`` rounded down (<= the exact product)."""
     return np.nextafter(float(lipschitz) * np.asarray(d, dtype=float), -np.inf)
+
+
+def is_connected(n_cells: int, I, J) -> bool:
+    """Whether the cell graph joins every cell (its path metric is then finite)."""
+    return _connected(n_cells, I, J)
 
 
 def _connected(n_cells: int, I, J) -> bool:
@@ -120,7 +132,8 @@ def group_l1_shortfall(S, starts, stops, sensitivity: float) -> str | None:
 
 
 def metric_lipschitz_shortfall(S, I, J, d, n_cells: int, lipschitz: float, *,
-                               form: str = "sum", starts=None, stops=None) -> str | None:
+                               form: str = "sum", starts=None, stops=None,
+                               diffs=None, connected: bool = False) -> str | None:
     """Whether ``lipschitz`` bounds how far the rows of ``S`` move per unit of cell distance.
 
     For every edge ``(i, j)`` of the cell metric (length ``d``) and every group of rows
@@ -129,18 +142,20 @@ def metric_lipschitz_shortfall(S, I, J, d, n_cells: int, lipschitz: float, *,
     ``lipschitz · d`` rounded down. Edges suffice: the left side is a pseudometric on cells
     and the graph's path metric is the cell metric (:mod:`dpsql.policy.metric`, points 1–3),
     so the bound along a shortest path is the bound for every pair; the graph must be
-    connected, checked here.
+    connected, checked here unless the caller already did (``connected=True``, see
+    :func:`is_connected`). ``diffs``: :func:`edge_differences` of ``S`` on these edges,
+    when already computed.
     """
     if form not in ("sum", "max"):
         return f"unknown form {form!r}"
     S_int = _grid_ints(S)
     if S_int.shape[1] != n_cells:
         return f"the rows cover {S_int.shape[1]} cells, the metric {n_cells}"
-    if not _connected(n_cells, I, J):
+    if not connected and not _connected(n_cells, I, J):
         return "the cell graph is not connected"
     if len(I) == 0:
         return None
-    A = _edge_differences(S_int, I, J)                 # edges × rows
+    A = _edge_differences(S_int, I, J) if diffs is None else diffs   # edges × rows
     if form == "max":
         per_edge = [np.asarray(A.max(axis=1).todense()).reshape(-1)] if A.shape[1] else []
     else:
@@ -213,4 +228,4 @@ def dx_scales_shortfall(W, scales, I, J, d, n_cells: int, epsilon) -> str | None
     return None
 
 
-__all__ = ["dx_scales_shortfall", "exact_l2_norm", "group_l1_shortfall", "metric_lipschitz_shortfall"]
+__all__ = ["dx_scales_shortfall", "edge_differences", "exact_l2_norm", "is_connected", "group_l1_shortfall", "metric_lipschitz_shortfall"]
