@@ -106,15 +106,13 @@ def _tables(db) -> list:
                                           "WHERE schema_name = 'main'").fetchall()]
 
 
-def _tamper_matrix_scale(monkeypatch, family, how=lambda s: s / 2):
+def _tamper_matrix_scale(monkeypatch, family):
+    """The selection's noise-scale function halves σ (or b) of ``family``."""
     real = matrix.noise_scale
 
     def tampered(fam, plan, eps, dlt, calibration):
         scale, variance = real(fam, plan, eps, dlt, calibration)
-        if fam != family:
-            return scale, variance
-        bad = how(scale)
-        return bad, variance * (bad / scale) ** 2
+        return (scale / 2, variance / 4) if fam == family else (scale, variance)
 
     monkeypatch.setattr(matrix, "noise_scale", tampered)
 
