@@ -73,8 +73,10 @@ def noise_scale(family: str, plan, eps, dlt, calibration: str) -> tuple[float, f
 
         b = laplace_scale(eps, plan.l1_sensitivity, plan.n_measurements)
         return b, 2.0 * b * b
-    sigma = calibrate_with_rounding(float(eps), float(dlt), plan.sensitivity,
-                                    plan.n_measurements, calibration)
+    # ε and δ exactly as charged (the calibration rounds them down, as the kernel's check
+    # does, so the kernel recomputes this very σ; issue 15)
+    sigma = calibrate_with_rounding(eps, dlt, plan.sensitivity, plan.n_measurements,
+                                    calibration)
     return sigma, sigma * sigma
 
 

@@ -27,6 +27,8 @@ __all__ = [
     "MAX_EPSILON",
     "PrivacyCost",
     "check_budget",
+    "float_down",
+    "float_up",
     "fraction_from_text",
     "fraction_to_text",
     "to_exact",
@@ -175,6 +177,26 @@ def check_budget(table: str, spent: PrivacyCost, requested: PrivacyCost,
                                   limit.epsilon)
     if total.delta > limit.delta:
         raise BudgetExceededError(table, "delta", spent.delta, requested.delta, limit.delta)
+
+
+def float_up(value: Fraction) -> float:
+    """The smallest double >= ``value`` (int / int division in Python is correctly rounded)."""
+    value = Fraction(value)
+    result = value.numerator / value.denominator
+    if Fraction(result) < value:
+        result = math.nextafter(result, math.inf)
+    return result
+
+
+def float_down(value: Fraction) -> float:
+    """The largest double <= ``value``: how an exact ε or δ enters float arithmetic when the
+    rounding must go against the spender (a guarantee at the smaller value implies it at the
+    exact one)."""
+    value = Fraction(value)
+    result = value.numerator / value.denominator
+    if Fraction(result) > value:
+        result = math.nextafter(result, -math.inf)
+    return result
 
 
 def fraction_to_text(value: object) -> str:

@@ -35,12 +35,12 @@ from fractions import Fraction
 
 import numpy as np
 
-from dpsql.noise.accounting import validate_epsilon
+from dpsql.noise.accounting import float_down, float_up, validate_epsilon
 from dpsql.errors import DpsqlError, PrivacyParameterError
 from dpsql.noise.gaussian import _dimension, _positive_finite  # one set of input checks
 
 __all__ = [
-    "GRID_BITS_BELOW_SCALE", "laplace_grid_exponent", "laplace_scale", "secure_exponential", "secure_laplace", "seeded_exponential",
+    "GRID_BITS_BELOW_SCALE", "laplace_grid_exponent", "laplace_scale", "laplace_shortfall", "secure_exponential", "secure_laplace", "seeded_exponential",
     "seeded_laplace",
 ]
 
@@ -76,22 +76,10 @@ def _finite_array(values: object, what: str) -> np.ndarray:
     return x
 
 
-# --- Exact float rounding of rationals ---
+# --- Exact float rounding of rationals (shared with the Gaussian checks) ---
 
-def _float_up(value: Fraction) -> float:
-    """The smallest double >= value (int / int division in Python is correctly rounded)."""
-    result = value.numerator / value.denominator
-    if Fraction(result) < value:
-        result = math.nextafter(result, math.inf)
-    return result
-
-
-def _float_down(value: Fraction) -> float:
-    """The largest double <= value."""
-    result = value.numerator / value.denominator
-    if Fraction(result) > value:
-        result = math.nextafter(result, -math.inf)
-    return result
+_float_up = float_up
+_float_down = float_down
 
 
 # --- Laplace mechanism ---
@@ -175,6 +163,31 @@ def _calibrate_laplace(epsilon: Fraction, sensitivity: float, dimension: int) ->
         f"OpenDP's Laplace privacy map did not verify for epsilon={float(epsilon)!r}, "
         f"L1 sensitivity={sensitivity!r}, dimension={dimension}"
     )
+
+
+def laplace_shortfall(scale: float, epsilon, l1_sensitivity: float,
+                      dimension: int) -> str | None:
+    """Why Laplace noise of scale ``b`` is NOT ε-DP for this L1 sensitivity, or None when it is.
+
+    The kernel's check of a scale it did not compute (issue 15, "the kernel owns noise
+    scales"): exact rational arithmetic on the condition :func:`laplace_scale` solves,
+    ``(D + p 2^k(b)) / b <= epsilon`` (D the L1 sensitivity, p the number of values,
+    2^k(b) the sampler's grid, :func:`laplace_grid_exponent`), with ``epsilon`` read exactly.
+    Independent of the sampler, so a test sampler (or a replaced one) cannot weaken it. Every
+    scale :func:`laplace_scale` returns passes; a smaller one fails.
+    """
+    eps = validate_epsilon(epsilon)
+    sensitivity = _positive_finite(l1_sensitivity, "l1_sensitivity")
+    try:
+        b = _sampler_scale(scale)
+    except PrivacyParameterError as error:
+        return str(error)
+    spent = _exact_laplace_epsilon(b, sensitivity, _dimension(dimension))
+    if spent > eps:
+        return (f"Laplace scale b={b!r} for L1 sensitivity {sensitivity!r} over "
+                f"{dimension} values spends epsilon {float(spent)!r} > the charged "
+                f"{float(eps)!r} (needs b >= {_calibrate_laplace(eps, sensitivity, dimension)!r})")
+    return None
 
 
 def laplace_scale(epsilon: float, l1_sensitivity: float, dimension: int) -> float:
