@@ -22,7 +22,7 @@ from .inference import LeastSquares, consistent
 from .kernel import Kernel
 from .noise import rounding_slack, zcdp_rho
 from .policy import TablePolicy, load_policy
-from .results import Explanation, Release, ResultTable, build_columns
+from .results import Explanation, Release, ResultTable, build_columns, check_result_names
 from .sql.compile import Workload
 from .sql.parse import parse_batch
 from .release_support import (InterruptedAfterRelease, _completed_on_interrupt, _flags,
@@ -375,6 +375,7 @@ class Session(AdaptivePaths):
         from .sql import memo     # parsed batches are remembered (public inputs only)
 
         queries = memo.parsed(memo.batch_key(sql, policies), lambda: parse_batch(sql, resolve))
+        check_result_names(queries, policies)     # planning: before any charge, explain too
         return policies[queries[0].table], queries
 
     @classmethod
@@ -386,17 +387,11 @@ class Session(AdaptivePaths):
 
     @staticmethod
     def _check_targets(con, queries, policies, replace: bool) -> set:
-        names = set()
+        """The names given (lower case), once the existing tables allow them; the names
+        themselves were checked while parsing (:func:`dpsql.results.check_result_names`)."""
+        names = check_result_names(queries, policies)
         for q in queries:
-            if q.target is None:
-                continue
-            t = q.target.lower()
-            if t in names:
-                raise UnsupportedQueryError(f"result table {q.target!r} is named twice in the batch")
-            if t in policies or t.startswith("dpsql"):
-                raise UnsupportedQueryError(
-                    f"result table name {q.target!r} is reserved (a protected table or dpsql's)")
-            if engine.table_exists(con, q.target):
+            if q.target is not None and engine.table_exists(con, q.target):
                 if not (replace or q.replace):
                     raise UnsupportedQueryError(
                         f"table {q.target!r} already exists; use CREATE OR REPLACE TABLE or "
@@ -405,7 +400,6 @@ class Session(AdaptivePaths):
                     raise UnsupportedQueryError(
                         f"table {q.target!r} exists and was not created by dpsql; dpsql only "
                         "replaces its own result tables")
-            names.add(t)
         return names
 
     @staticmethod
