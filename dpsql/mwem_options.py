@@ -232,3 +232,108 @@ class MWEMResult:
     @property
     def epsilon(self) -> Fraction:
         return sum((s[2] for s in self.spends), Fraction(0))
+
+
+# ---------------------------------------------------------------------------------------
+# Checks before the charge: every spend's ε and the run's time, from public inputs only
+
+#: a round's fixed cost in work units (about nanoseconds on one core): the oracle's two
+#: secure-sampler calls and the bookkeeping (measured: about 0.8 ms a round on Adult)
+ROUND_COST = 1_000_000
+#: fixed cost of one MW update (or renormalisation) besides its cells (measured: 4-10 µs)
+UPDATE_COST = 5_000
+#: the largest predicted work of one MWEM run, in the same units: about five minutes on one
+#: core. Checked before the charge (:func:`check_run`), so a run that would not finish is
+#: refused, not charged and then killed
+MAX_WORK = 300 * 10**9
+
+
+def _rounds_bound(blocks, options) -> tuple[int, list]:
+    """(largest number of rounds a run can take, the blocks that get rounds)."""
+    active = [b for b in blocks if b.n_queries > 0]
+    weighted = [b for b in active if b.n_cells > 1] or active
+    if options.rounds == "auto":
+        return len(weighted) * (2 ** options.max_stages - 1), active
+    return options.rounds, active
+
+
+def step_epsilons(blocks, epsilon, options) -> dict:
+    """The smallest ε each kind of spend of a run gets (exact): ``total`` (the row count),
+    ``init`` (each block's initial histogram or marginals), ``round`` (each selection and
+    each measurement: half a round's budget). Mirrors :func:`dpsql.mwem.run_mwem`'s split."""
+    eps = to_exact(epsilon, "epsilon")
+    T, active = _rounds_bound(blocks, options)
+    eps_total = eps * options.total_share
+    eps_init = eps * options.init_share
+    eps_rounds = eps - eps_total - eps_init
+    if options.rounds == "auto":
+        e = eps_rounds / T              # T = T0 (2^S - 1): the fixed per-round budget
+    else:
+        e = eps_rounds / options.rounds
+    steps = {"round": e / 2}
+    if options.total is None:
+        steps["total"] = eps_total
+    if eps_init > 0:
+        steps["init"] = eps_init / max(1, len(active))
+    return steps
+
+
+def predicted_work(blocks, options) -> float:
+    """Work units (:data:`ROUND_COST`, :data:`UPDATE_COST`, one per cell touched) of the
+    longest run the options allow: rounds × (selection over the block's queries + the
+    update of its measured pieces) + replay × every past measurement replayed each round."""
+    T, active = _rounds_bound(blocks, options)
+    if not active:
+        return 0.0
+    sizes = [b.n_cells for b in active]
+    n_max, n_sum = max(sizes), sum(sizes)
+    select, pieces_max = 0.0, 1
+    for b in active:
+        n = b.n_cells
+        if isinstance(b, RangeBlock):
+            cost, pieces = 4.0 * n * (math.log2(n) + 1), 3
+        else:
+            cost = float(b.W.nnz + n)
+            k = len(b.shape) if b.shape else 1
+            pieces = 3 ** k if k <= 4 else 1
+        pieces = pieces if options.measure == "partition" else 1
+        pieces_max = max(pieces_max, pieces)
+        select = max(select, cost + pieces * UPDATE_COST + n)
+    per_round = ROUND_COST + select + (n_sum if options.iterate == "average" else 0)
+    init_history = len(active) if options.init == "marginals" and options.init_share else 0
+    updates = pieces_max * T * (T + 1) / 2 + T * init_history
+    replay = options.replay * ((UPDATE_COST + n_max) * updates
+                               + T * (UPDATE_COST * len(active) + n_sum))
+    init = float(n_sum) * (2 if options.init_share else 0)
+    return T * per_round + replay + init
+
+
+def check_run(blocks, epsilon, options, spec: str = "mwem") -> None:
+    """Refuse, before the charge, an MWEM run that the kernel would refuse or could not
+    finish: a spend's ε below the samplers' smallest (:data:`dpsql.accounting.MIN_EPSILON`)
+    or a predicted run time above :data:`MAX_WORK`. Public inputs only (blocks, ε, options);
+    ``explain`` and ``answer`` both call it, so explain accepts exactly what answer runs."""
+    from .accounting import MIN_EPSILON
+
+    name = spec.strip() if isinstance(spec, str) else "mwem"
+    steps = step_epsilons(blocks, epsilon, options)
+    what = {"round": "each round's selection and measurement", "total": "the row count",
+            "init": "each block's initial measurement"}
+    for kind, step in steps.items():
+        if step < MIN_EPSILON:
+            fix = ("ask for fewer rounds" if kind == "round" else
+                   f"ask for a larger {kind}_share")
+            raise PrivacyParameterError(
+                f"{name} at epsilon = {float(epsilon):g} spends epsilon = {float(step):.3g} on "
+                f"{what[kind]}, below the smallest the noise samplers accept "
+                f"({float(MIN_EPSILON):g}); {fix} or a larger epsilon")
+    work = predicted_work(blocks, options)
+    if work > MAX_WORK:
+        T, active = _rounds_bound(blocks, options)
+        cells = sum(b.n_cells for b in active)
+        queries = sum(b.n_queries for b in active)
+        raise StrategyError(
+            f"{name} is predicted to run about {work / 1e9:.3g} s ({T:,} rounds x per-round "
+            f"cost over {cells:,} cells and {queries:,} queries, replay {options.replay}), "
+            f"more than the limit of {MAX_WORK / 1e9:g} s; ask for fewer rounds, a smaller "
+            f"replay or a smaller batch")

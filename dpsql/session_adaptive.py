@@ -14,6 +14,7 @@ from . import adaptive, ledger
 from .accounting import PrivacyCost
 from .errors import PrivacyParameterError
 from .mwem import run_mwem
+from .mwem_options import check_run
 from .release_support import InterruptedAfterRelease, _interrupts_deferred, _request_params
 from .results import Release
 
@@ -28,6 +29,7 @@ class AdaptivePaths:
                 "mwem is a pure epsilon-DP mechanism: ask for it with delta = 0")
         options = adaptive.mwem_options(strategy, policy)
         compiled, blocks = adaptive.blocks_for(queries, policy)
+        check_run(blocks, eps, options, strategy)   # spends' ε and run time: before any charge
         expl = adaptive.explain_mwem(policy, compiled, eps, options, strategy)
         return expl, options, compiled, blocks
 
