@@ -17,7 +17,7 @@ from fractions import Fraction
 
 from ..errors import show_exact  # noqa: F401  (re-exported for the shell modules)
 
-from ..accounting import validate_delta, validate_epsilon
+from ..accounting import number_from_text, validate_delta, validate_epsilon
 from ..errors import DpsqlError, PrivacyParameterError
 from ..scripts import MODELS, check_asks, check_model, check_strategy, check_target
 from ..sql.script import ASKS   # how a query asks: by one of them at most
@@ -33,12 +33,7 @@ UNSET = ("off", "none")
 
 
 def _number(text: str, name: str, example: str) -> Fraction:
-    raw = str(text).strip()
-    try:
-        return Fraction(raw)
-    except (ValueError, ZeroDivisionError):
-        raise PrivacyParameterError(
-            f"{name} must be a number such as {example}, got {raw!r}") from None
+    return number_from_text(text, name, example)   # ASCII digits only, exact
 
 
 def parse_epsilon(text: str) -> Fraction:
