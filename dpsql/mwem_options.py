@@ -238,13 +238,18 @@ class MWEMResult:
 # Checks before the charge: every spend's ε and the run's time, from public inputs only
 
 #: a round's fixed cost in work units (about nanoseconds on one core): the oracle's two
-#: secure-sampler calls and the bookkeeping (measured: about 0.8 ms a round on Adult)
-ROUND_COST = 1_000_000
-#: fixed cost of one MW update (or renormalisation) besides its cells (measured: 4-10 µs)
-UPDATE_COST = 5_000
+#: secure-sampler calls and the bookkeeping (measured: 2-4 ms a round on Adult)
+ROUND_COST = 2_000_000
+#: a round's cost per cell and per nonzero of the block's queries (estimates, scores)
+CELL_COST = 200
+#: fixed cost of one MW update (or renormalisation) besides its cells (measured: 20-30 µs)
+UPDATE_COST = 30_000
+#: an update's or renormalisation's cost per cell it touches
+UPDATE_CELL_COST = 50
 #: the largest predicted work of one MWEM run, in the same units: about five minutes on one
-#: core. Checked before the charge (:func:`check_run`), so a run that would not finish is
-#: refused, not charged and then killed
+#: core (calibrated on Adult, benchmarks/mwem_adult.py's runs predict well below it).
+#: Checked before the charge (:func:`check_run`), so a run that would not finish is refused,
+#: not charged and then killed
 MAX_WORK = 300 * 10**9
 
 
@@ -278,33 +283,49 @@ def step_epsilons(blocks, epsilon, options) -> dict:
     return steps
 
 
+def _measured_cells(block, options) -> tuple[int, int]:
+    """(history entries, cells touched) that one round's measurement adds to a block."""
+    n = block.n_cells
+    if isinstance(block, RangeBlock):
+        return (3 if options.measure == "partition" else 1), n
+    W = block.W
+    k = len(block.shape) if block.shape else 1
+    if options.measure == "partition" and k <= 4:
+        return 3 ** k, n                # the pieces cover every cell once
+    row_nnz = np.diff(W.indptr)
+    cells = int(row_nnz.max(initial=0))
+    if options.cuboids:
+        cells = max([cells] + [int(row_nnz[a:b].sum()) for a, b in block.groups])
+    return 1, max(cells, 1)
+
+
 def predicted_work(blocks, options) -> float:
-    """Work units (:data:`ROUND_COST`, :data:`UPDATE_COST`, one per cell touched) of the
-    longest run the options allow: rounds × (selection over the block's queries + the
-    update of its measured pieces) + replay × every past measurement replayed each round."""
+    """Work units (about nanoseconds on one core; :data:`ROUND_COST` and the other
+    constants) of the longest run the options allow: rounds × (selection over the block's
+    cells and queries + the update of what it measures) + replay × every past measurement
+    replayed each round (their number grows with the rounds: T(T+1)/2 replayed updates)."""
     T, active = _rounds_bound(blocks, options)
     if not active:
         return 0.0
-    sizes = [b.n_cells for b in active]
-    n_max, n_sum = max(sizes), sum(sizes)
-    select, pieces_max = 0.0, 1
+    n_sum = sum(b.n_cells for b in active)
+    per_round, per_update = 0.0, 0.0
     for b in active:
         n = b.n_cells
-        if isinstance(b, RangeBlock):
-            cost, pieces = 4.0 * n * (math.log2(n) + 1), 3
-        else:
-            cost = float(b.W.nnz + n)
-            k = len(b.shape) if b.shape else 1
-            pieces = 3 ** k if k <= 4 else 1
-        pieces = pieces if options.measure == "partition" else 1
-        pieces_max = max(pieces_max, pieces)
-        select = max(select, cost + pieces * UPDATE_COST + n)
-    per_round = ROUND_COST + select + (n_sum if options.iterate == "average" else 0)
-    init_history = len(active) if options.init == "marginals" and options.init_share else 0
-    updates = pieces_max * T * (T + 1) / 2 + T * init_history
-    replay = options.replay * ((UPDATE_COST + n_max) * updates
-                               + T * (UPDATE_COST * len(active) + n_sum))
-    init = float(n_sum) * (2 if options.init_share else 0)
+        select = n * (math.log2(n) + 1) if isinstance(b, RangeBlock) else b.W.nnz + n
+        entries, cells = _measured_cells(b, options)
+        update = entries * UPDATE_COST + UPDATE_CELL_COST * cells
+        per_update = max(per_update, update)
+        per_round = max(per_round, CELL_COST * select + update)
+    per_round += ROUND_COST + (CELL_COST * n_sum if options.iterate == "average" else 0)
+    renormalise = UPDATE_COST * len(active) + UPDATE_CELL_COST * n_sum
+    init = 0.0
+    if options.init_share:
+        axes = [len(b.shape) if getattr(b, "shape", None) and options.init == "marginals"
+                else 1 for b in active]
+        init = sum(UPDATE_COST + UPDATE_CELL_COST * b.n_cells * k
+                   for b, k in zip(active, axes))
+    replayed = init if options.init == "marginals" else 0.0    # marginals join the replay
+    replay = options.replay * (per_update * T * (T + 1) / 2 + T * (renormalise + replayed))
     return T * per_round + replay + init
 
 
