@@ -10,13 +10,11 @@ import copy
 import decimal
 import subprocess
 import sys
-import time
 from fractions import Fraction
 
 import pytest
 
-import dpsql.mwem_options as mwem_options
-from dpsql import adaptive, dbapi
+from dpsql import adaptive, dbapi, mwem_options
 from dpsql.errors import DpsqlError, ParseError, PrivacyParameterError, StrategyError
 from dpsql.noise import SeededTestSampler
 
@@ -120,14 +118,14 @@ def test_a_billion_rounds_are_refused_by_explain_and_answer_alike(db, dx_db, str
 
 
 def test_ten_million_rounds_are_refused_up_front_by_the_time_bound(db):
-    started = time.perf_counter()
+    """Refused while planning by the predicted run time (before: charged, then ran for
+    hours ignoring Ctrl-C). No wall-clock assertion: the refusal names the bound."""
     with pytest.raises(StrategyError, match=r"predicted to run .* limit of 300 s; ask for "
                                             r"fewer rounds"):
         db.answer(AGES, epsilon=0.1, delta=0, strategy="mwem(rounds=10000000)")
     assert attempt(db, AGES, epsilon=0.1, strategy="mwem(rounds=10000000)") == "refused"
     assert attempt(db, AGES, epsilon=0.1, strategy="mwem(rounds=10000000, replay=0)") \
         == "refused"
-    assert time.perf_counter() - started < 30      # refused while planning, not by running
 
 
 # ------------------------------------------------------------------ boundaries
@@ -253,7 +251,7 @@ def test_sqlglot_prints_nothing_to_stderr(db, tmp_path, capfd):
     cli = subprocess.run([sys.executable, "-m", "dpsql", "explain", str(tmp_path / "a.duckdb"),
                           "-", "--epsilon", "0.5", "--delta", "0"],
                          input="SELECT COUNT(*) FROM adult WHERE sex = E'F';", text=True,
-                         capture_output=True, cwd=str(ROOT))
+                         capture_output=True, cwd=str(ROOT), check=False)
     assert cli.returncode != 0 and "Byte strings" not in cli.stderr
     assert cli.stderr.startswith("error:") and len(cli.stderr.strip().splitlines()) == 1
 
@@ -282,5 +280,5 @@ def test_non_ascii_digits_are_refused_by_every_number_reader(tmp_path):
         adaptive.mwem_options("mwem(rounds=١)", type("P", (), {"rows": None})())
     cli = subprocess.run([sys.executable, "-m", "dpsql", "run", str(tmp_path / "a.duckdb"),
                           "-", "--epsilon", "١", "--delta", "0"], input=AGES, text=True,
-                         capture_output=True, cwd=str(ROOT))
+                         capture_output=True, cwd=str(ROOT), check=False)
     assert cli.returncode != 0 and "ASCII" in cli.stderr, cli.stderr
