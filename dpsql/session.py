@@ -25,7 +25,7 @@ from dpsql.inference.least_squares import LeastSquares, consistent
 from dpsql.kernel import Kernel
 from dpsql.noise.gaussian import rounding_slack, zcdp_rho
 from dpsql.policy.policy import TablePolicy, load_policy
-from dpsql.store.results import Explanation, Release, ResultTable, build_columns
+from dpsql.store.results import Explanation, Release, ResultTable, build_columns, check_result_names
 from dpsql.sql.compile import Workload
 from dpsql.sql.parse import parse_batch
 from dpsql.release.support import (InterruptedAfterRelease, _completed_on_interrupt, _flags,
@@ -384,6 +384,7 @@ class Session(AdaptivePaths):
         from dpsql.sql import memo     # parsed batches are remembered (public inputs only)
 
         queries = memo.parsed(memo.batch_key(sql, policies), lambda: parse_batch(sql, resolve))
+        check_result_names(queries, policies)     # planning: before any charge, explain too
         return policies[queries[0].table], queries
 
     @classmethod
@@ -395,17 +396,11 @@ class Session(AdaptivePaths):
 
     @staticmethod
     def _check_targets(con, queries, policies, replace: bool) -> set:
-        names = set()
+        """The names given (lower case), once the existing tables allow them; the names
+        themselves were checked while parsing (:func:`dpsql.store.results.check_result_names`)."""
+        names = check_result_names(queries, policies)
         for q in queries:
-            if q.target is None:
-                continue
-            t = q.target.lower()
-            if t in names:
-                raise UnsupportedQueryError(f"result table {q.target!r} is named twice in the batch")
-            if t in policies or t.startswith("dpsql"):
-                raise UnsupportedQueryError(
-                    f"result table name {q.target!r} is reserved (a protected table or dpsql's)")
-            if engine.table_exists(con, q.target):
+            if q.target is not None and engine.table_exists(con, q.target):
                 if not (replace or q.replace):
                     raise UnsupportedQueryError(
                         f"table {q.target!r} already exists; use CREATE OR REPLACE TABLE or "
@@ -414,7 +409,6 @@ class Session(AdaptivePaths):
                     raise UnsupportedQueryError(
                         f"table {q.target!r} exists and was not created by dpsql; dpsql only "
                         "replaces its own result tables")
-            names.add(t)
         return names
 
     @staticmethod

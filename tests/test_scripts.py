@@ -369,7 +369,7 @@ def test_ctrl_c_exits_130_and_names_what_was_released(db_path, tmp_path, capsys,
 
 
 def test_dry_run_and_explain_spend_nothing(db_path, tmp_path, capsys, monkeypatch):
-    from dpsql.store import database as engine
+    from dpsql.engines import duckdb as engine
 
     def boom(*a, **k):
         raise AssertionError("a dry run must not read data")

@@ -35,10 +35,14 @@ from dpsql.store.results import format_table
 
 
 def _number(text: str) -> float:
+    from dpsql.noise.accounting import number_from_text
+
     try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        return float(number_from_text(text, "the value", "0.5"))   # ASCII digits only
+    except DpsqlError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    except OverflowError:
+        raise argparse.ArgumentTypeError(f"{text!r} is too large") from None
 
 
 def _read_script(path: str) -> str:

@@ -193,8 +193,13 @@ def _literal(value: Any, position: int) -> exp.Expression:
     elif isinstance(value, (float, decimal.Decimal)):
         if not (math.isfinite(value) if isinstance(value, float) else value.is_finite()):
             raise ProgrammingError(f"{where} is not finite; pass a finite number")
-        number = repr(abs(float(value))) if isinstance(value, float) else str(abs(value))
-        negative = value < 0
+        if isinstance(value, float):
+            number, negative = repr(abs(value)), value < 0
+        else:       # no arithmetic: abs() and < round and trap in the context (Overflow)
+            if value and not -400 < value.adjusted() < 400:
+                raise DataError(f"{where} is out of range: a number's magnitude must lie "
+                                "between 1e-400 and 1e400 (or be 0)")
+            number, negative = str(value.copy_abs()), value.is_signed() and bool(value)
     else:
         raise ProgrammingError(f"{where} has type {type(value).__name__}; dpsql binds int, "
                                "float, str and decimal.Decimal")

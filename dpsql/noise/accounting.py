@@ -31,6 +31,7 @@ __all__ = [
     "float_up",
     "fraction_from_text",
     "fraction_to_text",
+    "number_from_text",
     "to_exact",
     "validate_delta",
     "validate_epsilon",
@@ -203,6 +204,30 @@ def fraction_to_text(value: object) -> str:
     """Store an exact value as ``"numerator/denominator"`` (lowest terms, e.g. ``"3/10"``)."""
     f = to_exact(value, "value")
     return f"{f.numerator}/{f.denominator}"
+
+
+#: a number typed by a user: ASCII digits only (Python's float(), int(), Fraction and Decimal
+#: also read other scripts' digits, so "١" would be 1), an optional "/denominator", and an
+#: exponent of at most 4 digits (Fraction("1e999999999") would build a 10**999999999)
+_ASCII_NUMBER = re.compile(
+    r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d{1,4})?(?:/\d+)?", re.ASCII)
+
+
+def number_from_text(text, name: str, example: str = "0.5",
+                     error: type = PrivacyParameterError) -> Fraction:
+    """A number a user typed (a CLI flag, a shell ``\\set``, a script ``SET``, a strategy
+    option such as ``rounds=``), exactly: plain ASCII decimal text, else ``error`` with a
+    clear message. Every interface reads users' numbers through this one function."""
+    raw = str(text).strip()
+    if not raw.isascii():
+        raise error(f"{name} must be written with ASCII digits 0-9, e.g. {example}; got "
+                    f"{raw!r}")
+    if not _ASCII_NUMBER.fullmatch(raw):
+        raise error(f"{name} must be a number such as {example}, got {raw!r}")
+    try:
+        return Fraction(raw)
+    except (ValueError, ZeroDivisionError):
+        raise error(f"{name} must be a number such as {example}, got {raw!r}") from None
 
 
 def fraction_from_text(text: str) -> Fraction:

@@ -15,6 +15,7 @@ from dpsql.store import ledger
 from dpsql.noise.accounting import PrivacyCost
 from dpsql.errors import PrivacyParameterError
 from dpsql.mechanisms.mwem.core import run_mwem
+from dpsql.mechanisms.mwem.options import check_run
 from dpsql.release.support import InterruptedAfterRelease, _interrupts_deferred, _request_params
 from dpsql.store.results import Release
 
@@ -29,6 +30,7 @@ class AdaptivePaths:
                 "mwem is a pure epsilon-DP mechanism: ask for it with delta = 0")
         options = adaptive.mwem_options(strategy, policy)
         compiled, blocks = adaptive.blocks_for(queries, policy)
+        check_run(blocks, eps, options, strategy)   # spends' ε and run time: before any charge
         expl = adaptive.explain_mwem(policy, compiled, eps, options, strategy)
         return expl, options, compiled, blocks
 

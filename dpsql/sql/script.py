@@ -17,7 +17,7 @@ from sqlglot import exp
 from sqlglot.tokens import TokenType
 
 from dpsql.noise.accounting import validate_delta, validate_epsilon
-from dpsql.noise.accounting import to_exact
+from dpsql.noise.accounting import number_from_text, to_exact
 from dpsql.errors import (DpsqlError, ParseError, PrivacyParameterError, UnsupportedQueryError,
                       show_exact)
 from dpsql.noise.gaussian import CALIBRATIONS
@@ -334,9 +334,12 @@ def _apply_set(st: Statement, current: dict, check_strategy, asked: dict) -> Non
                     "remove one", *at)
             asked[name] = (line, col)
         if name in ("epsilon", "delta", *TARGETS):
-            number = _number_literal(value)
+            example = {"epsilon": "0.5", "delta": "1e-6"}.get(name, "50")
+            try:
+                number = _number_literal(value, f"dpsql.{name}", example)
+            except DpsqlError as exc:
+                raise ParseError(str(exc), *at) from None
             if number is None:
-                example = {"epsilon": "0.5", "delta": "1e-6"}.get(name, "50")
                 raise ParseError(f"dpsql.{name} must be a number, e.g. SET dpsql.{name} = "
                                  f"{example}", *at)
             try:
@@ -366,15 +369,16 @@ def _apply_set(st: Statement, current: dict, check_strategy, asked: dict) -> Non
             current[name] = check(str(value.this), at)
 
 
-def _number_literal(node) -> Fraction | None:
+def _number_literal(node, name: str, example: str) -> Fraction | None:
+    """The number a SET gives (ASCII digits only: :func:`dpsql.noise.accounting.number_from_text`),
+    or None when the value is not a number literal. sqlglot reads other scripts' digits
+    ("١") as a name (a Var); those are refused with the ASCII message too."""
     sign = 1
     if isinstance(node, exp.Neg):
         sign, node = -1, node.this
-    if isinstance(node, exp.Literal) and not node.is_string:
-        try:
-            return sign * Fraction(str(node.this))
-        except (ValueError, ZeroDivisionError):
-            return None
+    if isinstance(node, exp.Literal) and not node.is_string or \
+            isinstance(node, exp.Var) and not str(node.this).isascii():
+        return sign * number_from_text(str(node.this), name, example)
     return None
 
 

@@ -17,10 +17,9 @@ from fractions import Fraction
 
 from dpsql.errors import show_exact  # noqa: F401  (re-exported for the shell modules)
 
-from dpsql.noise.accounting import validate_delta, validate_epsilon
+from dpsql.noise.accounting import number_from_text, validate_delta, validate_epsilon
 from dpsql.errors import DpsqlError, PrivacyParameterError
-from dpsql.sql.script import MODELS  # noqa: F401  (re-exported for the completer)
-from dpsql.interfaces.scripts import check_asks, check_model, check_strategy, check_target
+from dpsql.interfaces.scripts import MODELS, check_asks, check_model, check_strategy, check_target
 from dpsql.sql.script import ASKS   # how a query asks: by one of them at most
 
 DEFAULT_CONFIRM_SHARE = Fraction(1, 4)
@@ -34,12 +33,7 @@ UNSET = ("off", "none")
 
 
 def _number(text: str, name: str, example: str) -> Fraction:
-    raw = str(text).strip()
-    try:
-        return Fraction(raw)
-    except (ValueError, ZeroDivisionError):
-        raise PrivacyParameterError(
-            f"{name} must be a number such as {example}, got {raw!r}") from None
+    return number_from_text(text, name, example)   # ASCII digits only, exact
 
 
 def parse_epsilon(text: str) -> Fraction:
