@@ -204,9 +204,11 @@ class Setting:
     def argparse_options(self) -> dict:
         """``add_argument`` keywords for the command line (``dest`` is the name; unset
         options are None, so the declared default or a script's SET applies)."""
+        if self.kind == "flag" and self.default is True:
+            return dict(dest=self.name, default=None, action="store_false",
+                        help=f"turn {self.name} off (on by default: {self.help})")
         if self.kind == "flag":
-            return dict(dest=self.name, default=None, help=self.help,
-                        action="store_false" if self.default is True else "store_true")
+            return dict(dest=self.name, default=None, help=self.help, action="store_true")
         return dict(dest=self.name, default=None, help=self.help.replace("%", "%%"),
                     metavar=self.metavar or self.name.upper())
 
@@ -306,7 +308,7 @@ SETTINGS: dict[str, Setting] = _declare(
     Setting("integer", "flag", False, "round the answers to integers (post-processing, no "
             "privacy cost)", _ALL, None, explain=False),
     Setting("reuse", "flag", True, "answer from past releases wherever they are at least as "
-            "accurate, at no privacy cost (off: measure every request afresh)", _ALL, None),
+            "accurate, at no privacy cost; off: measure every request afresh", _ALL, None),
     Setting("confirm", "flag", False, "spend the epsilon an accuracy target needs without "
             "asking (see it first with explain)", _ALL, None, explain=False),
     Setting("confirm_share", "share", Fraction(1, 4), "ask before spending more than this "
