@@ -59,6 +59,13 @@ _NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,
 # --------------------------------------------------------------------------- value rules
 # Each rule takes the parsed value and the setting's name as the interface spells it.
 
+def _shown(value: Fraction) -> str:
+    """An exact value for a message, even one too large for a float."""
+    if abs(value) > 10**300:
+        return f"{'-' if value < 0 else ''}about 10^{int(math.log10(abs(int(value))))}"
+    return show_exact(value)
+
+
 def _epsilon(value, name: str) -> Fraction:
     return validate_epsilon(value, name)
 
@@ -75,14 +82,14 @@ def _target(value, name: str) -> float:
     if exact <= 0:
         raise PrivacyParameterError(
             f"{name} must be a positive number (an expected error, in counts), got "
-            f"{show_exact(exact)}")
+            f"{_shown(exact)}")
     try:
         number = float(exact)
     except OverflowError:
         number = math.inf
     if not math.isfinite(number):
         raise PrivacyParameterError(f"{name} is too large to be an expected error: "
-                                    f"{show_exact(exact)}")
+                                    f"{_shown(exact)}")
     return number
 
 
@@ -133,7 +140,7 @@ def _share(value, name: str) -> Fraction:
     share = to_exact(value, name)
     if not 0 <= share <= 1:
         raise PrivacyParameterError(
-            f"{name} must be between 0 and 1 (or 0% and 100%), got {show_exact(share)}; "
+            f"{name} must be between 0 and 1 (or 0% and 100%), got {_shown(share)}; "
             "0 asks before every release, 1 never asks")
     return share
 
@@ -142,7 +149,7 @@ def _seconds(value, name: str) -> float:
     seconds = to_exact(value, name)
     if not 0 <= seconds <= 86400:
         raise PrivacyParameterError(f"{name} must be a number of seconds from 0 to 86400, "
-                                    f"got {show_exact(seconds)}")
+                                    f"got {_shown(seconds)}")
     return float(seconds)
 
 
@@ -256,15 +263,15 @@ class Setting:
                 return value
             if isinstance(value, str) and value.strip().lower() in ON + OFF:
                 raise PrivacyParameterError(
-                    f"{name} must be true or false, got the text {value!r}; pass True or "
-                    "False itself")
+                    f"{name} must be true or false, got str {value!r}; pass True or False "
+                    "itself, not text")
             raise self.refusal(name, repr(value))
         if self.kind in ("number", "share") and isinstance(value, str):
             if not _NUMBER.fullmatch(value.strip()):
                 raise self.refusal(name, repr(value.strip()))
             raise PrivacyParameterError(
-                f"{name} must be a number such as {self.example}, got the text {value!r} "
-                "(got str); pass the number itself")
+                f"{name} must be a number such as {self.example}, got str {value!r}; pass "
+                "the number itself, not text")
         if value is None:
             raise PrivacyParameterError(
                 f"{name} must be given: {self.required}, e.g. {name}={self.example}")
