@@ -145,6 +145,11 @@ def _share(value, name: str) -> Fraction:
     return share
 
 
+def _flag(value: bool, name: str) -> bool:
+    """A flag: the parser has checked it all (a bool, or its text spelling)."""
+    return value
+
+
 def _seconds(value, name: str) -> float:
     seconds = to_exact(value, name)
     if not 0 <= seconds <= 86400:
@@ -311,13 +316,13 @@ SETTINGS: dict[str, Setting] = _declare(
             "delta 0, charged to its metric budget)", _ALL, _model, "dp", choices=MODELS,
             metavar="M"),
     Setting("nonnegative", "flag", False, "answers from non-negative least squares "
-            "(post-processing, no privacy cost)", _ALL, None, explain=False),
+            "(post-processing, no privacy cost)", _ALL, _flag, explain=False),
     Setting("integer", "flag", False, "round the answers to integers (post-processing, no "
-            "privacy cost)", _ALL, None, explain=False),
+            "privacy cost)", _ALL, _flag, explain=False),
     Setting("reuse", "flag", True, "answer from past releases wherever they are at least as "
-            "accurate, at no privacy cost; off: measure every request afresh", _ALL, None),
+            "accurate, at no privacy cost; off: measure every request afresh", _ALL, _flag),
     Setting("confirm", "flag", False, "spend the epsilon an accuracy target needs without "
-            "asking (see it first with explain)", _ALL, None, explain=False),
+            "asking (see it first with explain)", _ALL, _flag, explain=False),
     Setting("confirm_share", "share", Fraction(1, 4), "ask before spending more than this "
             "share of the remaining epsilon (default 0.25; 25% works too; 1 never asks)",
             ("shell",), _share, "0.25", metavar="SHARE", request=False),
@@ -336,7 +341,7 @@ CONNECTION_SETTINGS: dict[str, Setting] = _declare(
     Setting("lock_timeout", "number", 30.0, "seconds to wait while another process holds "
             "the database file", ("dbapi",), _seconds, "30"),
     Setting("create", "flag", True, "create the database file if it does not exist",
-            ("dbapi",), None),
+            ("dbapi",), _flag),
 )
 
 
@@ -447,22 +452,3 @@ class Request:
         """``(setting, value)`` of an accuracy-first request, else None."""
         return next(((key, getattr(self, key)) for key in TARGETS
                      if getattr(self, key) is not None), None)
-
-    def explain_args(self) -> dict:
-        """The keyword arguments of :meth:`dpsql.Session.explain` for this request."""
-        return {s.keyword: getattr(self, s.keyword) for s in SETTINGS.values()
-                if s.explain and s.request}
-
-    def answer_args(self) -> dict:
-        """The keyword arguments of :meth:`dpsql.Session.answer` for this request."""
-        return {s.keyword: getattr(self, s.keyword) for s in SETTINGS.values()
-                if s.request} | {"replace": self.replace}
-
-
-def _flag(value, name: str) -> bool:
-    return value
-
-
-for _s in (*SETTINGS.values(), *CONNECTION_SETTINGS.values()):
-    if _s.check is None:                       # flags: the parser has done it all
-        object.__setattr__(_s, "check", _flag)
