@@ -139,7 +139,7 @@ def test_accuracy_first_from_the_command_line(db_path, tmp_path, capsys):
     assert code == 2 and "epsilon and target_rmse are both given" in err
     code, out, err = run_cli(capsys, "run", db_path, script, "--delta", "1e-6",
                              "--target-rmse", "-5")
-    assert code == 2 and "target_rmse must be a positive number" in err
+    assert code == 2 and "error: --target-rmse must be a positive number" in err
     code, out, err = run_cli(capsys, "run", db_path, script, "--delta", "1e-6",
                              "--target-rmse", "60")
     assert code == 2 and f"needs epsilon = {e.epsilon:g}" in err and "--confirm" in err
