@@ -18,9 +18,8 @@ from dpsql.store import database as engine
 from dpsql.store import ledger
 from dpsql.mechanisms import matrix as selection
 from dpsql.mechanisms import reuse as reuse_mod
-from dpsql.noise.accounting import PrivacyCost, fraction_from_text, validate_delta, validate_epsilon
-from dpsql.errors import (DpsqlError, PolicyError, PrivacyParameterError, StrategyError,
-                     UnsupportedQueryError)
+from dpsql.noise.accounting import PrivacyCost, fraction_from_text
+from dpsql.errors import DpsqlError, PolicyError, UnsupportedQueryError
 from dpsql.inference.least_squares import LeastSquares, consistent
 from dpsql.kernel import Kernel
 from dpsql.noise.gaussian import rounding_slack, zcdp_rho
@@ -31,9 +30,7 @@ from dpsql.sql.parse import parse_batch
 from dpsql.release.support import (InterruptedAfterRelease, _completed_on_interrupt, _flags,
                               _interrupts_deferred, _request_params, request_matches)
 from dpsql.release.adaptive import AdaptivePaths
-
-CALIBRATIONS = ("analytic", "classic")
-
+from dpsql.request import SETTINGS, Request
 
 class Session(AdaptivePaths):
     """A dpsql connection to one DuckDB database. Create it with :func:`dpsql.connect`."""
@@ -41,10 +38,9 @@ class Session(AdaptivePaths):
     def __init__(self, path: str = ":memory:", *, lock_timeout: float = 30.0, sampler=None,
                  reuse: bool = True):
         """``reuse``: the default of :meth:`answer`'s and :meth:`explain`'s ``reuse``."""
-        _check_flags(reuse=reuse)
+        self.reuse = SETTINGS["reuse"].parse(reuse)
         self.db = engine.Database(path, lock_timeout=lock_timeout)
         self.kernel = Kernel(sampler)
-        self.reuse = reuse
 
     # ------------------------------------------------------------------ data owner
     def protect(self, table: str, policy, *, replace: bool = False) -> TablePolicy:
@@ -80,19 +76,21 @@ class Session(AdaptivePaths):
         Accuracy first: give ``target_rmse`` (the batch's expected RMSE) or ``max_stderr``
         (every answer's standard error) instead of ``epsilon``, and the explanation is for
         the smallest ε (at this δ, three significant digits) that meets it."""
-        reuse = self.reuse if reuse is None else reuse
-        _check_flags(reuse=reuse)
-        objective = self._objective(epsilon, target_rmse, max_stderr, model, strategy)
+        r = Request(sql, epsilon=epsilon, delta=delta, strategy=strategy,
+                    calibration=calibration, model=model, target_rmse=target_rmse,
+                    max_stderr=max_stderr, reuse=self.reuse if reuse is None else reuse)
+        strategy, calibration, model, reuse = r.strategy, r.calibration, r.model, r.reuse
+        objective = r.objective
         if objective is not None:
-            eps, dlt = self._privacy(1, delta, calibration)
+            dlt = r.delta
             with self.db.connect() as con:
                 policy, queries, workload = self._compile(sql, ledger.load_policies(con))
                 return self._decide(con, policy, workload, None, dlt, strategy, calibration,
                                     objective, reuse).expl
-        eps, dlt = self._privacy(epsilon, delta, calibration)
+        eps, dlt = r.epsilon, r.delta
         with self.db.connect() as con:
             policies = ledger.load_policies(con)
-            if self._model(model, dlt, strategy) == "metric":
+            if model == "metric":
                 return self._explain_metric(policies, sql, eps, strategy)
             if adaptive.is_mwem(strategy):
                 policy, queries = self._parse(sql, policies)
@@ -125,13 +123,15 @@ class Session(AdaptivePaths):
         answers. The standard errors and intervals still describe the unconstrained
         estimate; the result tables' comments say so.
         """
-        reuse = self.reuse if reuse is None else reuse
-        _check_flags(nonnegative=nonnegative, integer=integer, reuse=reuse, confirm=confirm)
-        objective = self._objective(epsilon, target_rmse, max_stderr, model, strategy)
-        eps, dlt = self._privacy(1 if objective else epsilon, delta, calibration)
+        r = Request(sql, epsilon=epsilon, delta=delta, strategy=strategy,
+                    calibration=calibration, model=model, target_rmse=target_rmse,
+                    max_stderr=max_stderr, confirm=confirm, nonnegative=nonnegative,
+                    integer=integer, reuse=self.reuse if reuse is None else reuse, name=name,
+                    replace=replace)
+        strategy, calibration, model, reuse = r.strategy, r.calibration, r.model, r.reuse
+        objective = r.objective
+        eps, dlt = (Fraction(1) if objective else r.epsilon), r.delta
         text = sql if isinstance(sql, str) else ";\n".join(sql)
-        if name is not None and (not isinstance(name, str) or not name.strip()):
-            raise DpsqlError("a release name must be a non-empty string")
         flags = _flags(nonnegative, integer)   # reuse is not part of "the same request"
         done: list = []      # the Release, once built (a late Ctrl-C still reports it)
         with _completed_on_interrupt(done), self.db.connect() as con:
@@ -144,7 +144,7 @@ class Session(AdaptivePaths):
                     return self._recorded_target(con, recorded, text, dlt, strategy,
                                                  calibration, model, flags, objective)
             policies = ledger.load_policies(con)
-            if self._model(model, dlt, strategy) == "metric":
+            if model == "metric":
                 return self._answer_dx(con, policies, sql, text, eps, replace, name, strategy,
                                        done)
             if adaptive.is_mwem(strategy):
@@ -354,23 +354,6 @@ class Session(AdaptivePaths):
         return release
 
     @staticmethod
-    def _privacy(epsilon, delta, calibration):
-        eps = validate_epsilon(epsilon)
-        dlt = validate_delta(delta)
-        if calibration not in CALIBRATIONS:
-            raise PrivacyParameterError(
-                f"calibration must be one of {CALIBRATIONS}, got {calibration!r}")
-        if calibration == "classic" and dlt == 0:
-            raise PrivacyParameterError(
-                "calibration='classic' is a Gaussian calibration, and delta = 0 asks for pure "
-                "epsilon-DP (Laplace noise); drop the calibration or use delta > 0")
-        if calibration == "classic" and eps >= 1:
-            raise PrivacyParameterError(
-                "the classic Gaussian calibration is only valid for epsilon < 1; "
-                "use calibration='analytic'")
-        return eps, dlt
-
-    @staticmethod
     def _parse(sql, policies) -> tuple[TablePolicy, list]:
         def resolve(name, node):
             if name not in policies:
@@ -429,24 +412,6 @@ class Session(AdaptivePaths):
             return out
         return result_names
 
-    @staticmethod
-    def _objective(epsilon, target_rmse, max_stderr, model, strategy):
-        """(objective, target) of an accuracy-first request, or None."""
-        given = [(k, v) for k, v in (("rmse", target_rmse), ("max_stderr", max_stderr))
-                 if v is not None]
-        if not given:
-            if epsilon is None:
-                raise PrivacyParameterError("give epsilon, or an accuracy target "
-                                            "(target_rmse= or max_stderr=)")
-            return None
-        if len(given) > 1 or epsilon is not None:
-            raise PrivacyParameterError("give exactly one of epsilon, target_rmse and "
-                                        "max_stderr")
-        if model != "dp" or adaptive.is_mwem(strategy):
-            raise StrategyError("accuracy targets apply to the matrix mechanism (model 'dp', "
-                                "not mwem): its error is known before the release")
-        return given[0]
-
     def _write(self, con, release_id, names, policy, parts, replace,
                comment: str | None = None, record=None, private: bool = False) -> list:
         """Write each statement's result table and mark the release done, in one transaction.
@@ -477,12 +442,6 @@ class Session(AdaptivePaths):
                 pass
             raise
         return results
-
-
-def _check_flags(**flags) -> None:
-    for flag, value in flags.items():
-        if not isinstance(value, bool):
-            raise DpsqlError(f"{flag} must be True or False, got {value!r}")
 
 
 def _sources(d) -> str | None:

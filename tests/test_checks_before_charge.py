@@ -260,8 +260,17 @@ def test_sqlglot_prints_nothing_to_stderr(db, tmp_path, capfd):
 
 def test_non_ascii_digits_are_refused_by_every_number_reader(tmp_path):
     from dpsql.noise.accounting import number_from_text
-    from dpsql.interfaces.shell.settings import parse_delta, parse_epsilon, parse_target
-    from dpsql.sql.script import parse_script
+    from dpsql.interfaces.shell.settings import parse as shell_parse
+
+    def parse_epsilon(text):
+        return shell_parse("epsilon", text)
+
+    def parse_delta(text):
+        return shell_parse("delta", text)
+
+    def parse_target(text):
+        return shell_parse("target_rmse", text)
+    from dpsql.interfaces.scripts import parse_script
 
     for text in ("١", "0.٥", "１", "1e99999"):
         with pytest.raises(PrivacyParameterError):
@@ -280,6 +289,7 @@ def test_non_ascii_digits_are_refused_by_every_number_reader(tmp_path):
         parse_script(f"SET dpsql.epsilon = ١;\n{AGES}")
     with pytest.raises(StrategyError, match="ASCII"):
         adaptive.mwem_options("mwem(rounds=١)", type("P", (), {"rows": None})())
+    _db(tmp_path / "a.duckdb").close()
     cli = subprocess.run([sys.executable, "-m", "dpsql", "run", str(tmp_path / "a.duckdb"),
                           "-", "--epsilon", "١", "--delta", "0"], input=AGES, text=True,
                          capture_output=True, cwd=str(ROOT), check=False)

@@ -62,7 +62,7 @@ def test_accuracy_targets_confirm_and_flags_parse():
                           "both given as defaults"),
                          (dict(target_rmse=-1), "target_rmse must be a positive number"),
                          (dict(max_stderr="ten"), "max_stderr must be a number"),
-                         (dict(epsilon=0.1, confirm="yes"), "confirm must be True or False")]:
+                         (dict(epsilon=0.1, confirm="yes"), "confirm must be true or false")]:
         with pytest.raises(DpsqlError, match=message):
             scripts.parse_script("SELECT COUNT(*) FROM adult", delta=1e-6, **bad)
 
@@ -139,7 +139,7 @@ def test_accuracy_first_from_the_command_line(db_path, tmp_path, capsys):
     assert code == 2 and "epsilon and target_rmse are both given" in err
     code, out, err = run_cli(capsys, "run", db_path, script, "--delta", "1e-6",
                              "--target-rmse", "-5")
-    assert code == 2 and "target_rmse must be a positive number" in err
+    assert code == 2 and "error: --target-rmse must be a positive number" in err
     code, out, err = run_cli(capsys, "run", db_path, script, "--delta", "1e-6",
                              "--target-rmse", "60")
     assert code == 2 and f"needs epsilon = {e.epsilon:g}" in err and "--confirm" in err
@@ -169,7 +169,7 @@ def test_reuse_parses_as_a_flag_and_reaches_explain_and_answer():
                              delta=1e-6, reuse=False)
     assert [w.reuse for w in s.workloads] == [False, True]
     for bad in ("no", 0, "off"):
-        with pytest.raises(DpsqlError, match="reuse must be True or False"):
+        with pytest.raises(DpsqlError, match="reuse must be true or false"):
             scripts.parse_script(SEX, epsilon=0.1, delta=1e-6, reuse=bad)
 
 

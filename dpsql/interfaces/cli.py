@@ -31,18 +31,8 @@ import tomllib
 from importlib import resources
 
 from dpsql.errors import DpsqlError
+from dpsql.request import settings_for
 from dpsql.store.results import format_table
-
-
-def _number(text: str) -> float:
-    from dpsql.noise.accounting import number_from_text
-
-    try:
-        return float(number_from_text(text, "the value", "0.5"))   # ASCII digits only
-    except DpsqlError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    except OverflowError:
-        raise argparse.ArgumentTypeError(f"{text!r} is too large") from None
 
 
 def _read_script(path: str) -> str:
@@ -58,43 +48,17 @@ def _read_script(path: str) -> str:
 
 
 def _privacy_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--epsilon", type=_number,
-                   help="epsilon per workload, unless the script sets dpsql.epsilon")
-    p.add_argument("--delta", type=_number,
-                   help="delta per workload (0: pure epsilon-DP, Laplace noise), unless the "
-                        "script sets dpsql.delta")
-    p.add_argument("--strategy", help="auto (default), a strategy name, or a spec with "
-                                      "options such as 'eigen(principal_vectors=32)' or "
-                                      "'mwem(rounds=20)' (mwem needs delta 0), unless the "
-                                      "script sets dpsql.strategy")
-    p.add_argument("--calibration", choices=["analytic", "classic"],
-                   help="Gaussian calibration (default analytic; classic only for "
-                        "epsilon < 1), unless the script sets dpsql.calibration")
-    p.add_argument("--model", choices=["dp", "metric"],
-                   help="privacy model (default dp; metric: d_X privacy under the table's "
-                        "declared metric, epsilon per unit distance, delta 0), unless the "
-                        "script sets dpsql.model")
-    p.add_argument("--target-rmse", type=_number, metavar="R",
-                   help="accuracy first, instead of --epsilon: each workload spends the "
-                        "smallest epsilon whose expected RMSE is at most R (only with "
-                        "--confirm or SET dpsql.confirm = true), unless the script sets "
-                        "dpsql.epsilon, dpsql.target_rmse or dpsql.max_stderr")
-    p.add_argument("--max-stderr", type=_number, metavar="S",
-                   help="accuracy first: the smallest epsilon giving every answer a standard "
-                        "error of at most S (as --target-rmse)")
-    p.add_argument("--confirm", action="store_true", default=None,
-                   help="spend the epsilon an accuracy target needs (= SET dpsql.confirm = "
-                        "true; see it first with --dry-run)")
-    p.add_argument("--nonnegative", action="store_true", default=None,
-                   help="answers from non-negative least squares (post-processing, no "
-                        "privacy cost), unless the script sets dpsql.nonnegative")
-    p.add_argument("--integer", action="store_true", default=None,
-                   help="round the answers to integers (post-processing, no privacy cost), "
-                        "unless the script sets dpsql.integer")
-    p.add_argument("--no-reuse", dest="reuse", action="store_false", default=None,
-                   help="measure every workload afresh (= SET dpsql.reuse = false); by "
-                        "default answers come from past releases wherever they are at least "
-                        "as accurate, at no privacy cost, unless the script sets dpsql.reuse")
+    """One option per setting the declaration exposes to the command line
+    (:data:`dpsql.request.SETTINGS`); values are parsed after argparse, with the declared
+    parsers, so a bad one is one line on stderr like every other refusal."""
+    for setting in settings_for("cli"):
+        p.add_argument(setting.flag, **setting.argparse_options())
+
+
+def _defaults(args) -> dict:
+    """The command line's settings, parsed (unset ones are left to the script)."""
+    return {s.name: s.parse(getattr(args, s.name), "cli") for s in settings_for("cli")
+            if getattr(args, s.name) is not None}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -116,13 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
                                    "(spends budget)"),
                            ("explain", "expected errors of a script's workloads (run "
                                        "--dry-run): reads no data, spends nothing")):
-        r = sub.add_parser(name, help=helptext)
+        r = sub.add_parser(name, help=helptext, description=helptext + ". The settings "
+                           "are defaults that the script's SET dpsql.<name> statements "
+                           "override; --release overrides SET dpsql.release.")
         r.add_argument("db")
         r.add_argument("script", help="SQL file, or - for standard input")
         _privacy_args(r)
-        r.add_argument("--release", metavar="NAME",
-                       help="release name of this edition (overrides SET dpsql.release); "
-                            "workload k is released as NAME/k")
         r.add_argument("--replace", action="store_true",
                        help="overwrite existing result tables named by CREATE TABLE")
         if name == "run":
@@ -257,12 +220,8 @@ def _script(args, *, dry_run: bool) -> int:
     from dpsql.session import connect
 
     _require_db(args.db)
-    script = parse_script(_read_script(args.script), epsilon=args.epsilon, delta=args.delta,
-                          strategy=args.strategy, calibration=args.calibration,
-                          model=args.model, release=args.release,
-                          target_rmse=args.target_rmse, max_stderr=args.max_stderr,
-                          confirm=args.confirm, nonnegative=args.nonnegative,
-                          integer=args.integer, reuse=args.reuse)
+    defaults = _defaults(args)
+    script = parse_script(_read_script(args.script), **defaults)
     out = _ScriptOutput(args, len(script.workloads))
     with connect(args.db) as db:
         plan = check_script(db, script, replace=args.replace)

@@ -68,31 +68,17 @@ from dpsql.errors import BudgetExceededError, DpsqlError, show_exact
 from dpsql.store.results import Explanation, Release
 from dpsql.session import InterruptedAfterRelease, Session, request_matches
 from dpsql.release.support import _flags
-from dpsql.sql.script import (MODELS, SETTINGS, Script, ScriptError, ScriptWorkload, Statement,
-                         check_asks, check_flag, check_model, check_target)
+from dpsql.request import ASKS, MODELS, check_asks, check_strategy, settings_for
+from dpsql.sql.script import Script, ScriptError, ScriptWorkload, Statement
 from dpsql.sql.script import parse_script as _parse_script
 
 __all__ = ["MODELS", "Outcome", "Plan", "PlannedWorkload", "SETTINGS", "Script",
            "ScriptError", "ScriptInterrupted", "ScriptWorkload", "Statement", "check_asks",
-           "check_flag", "check_model", "check_script", "check_strategy", "check_target",
-           "parse_script", "run", "run_script"]
+           "check_script", "check_strategy", "parse_script", "run", "run_script"]
 
-
-def check_strategy(value) -> str:
-    """A strategy setting, validated when it is set (shell, DB-API, scripts): ``auto``, a
-    strategy spec with options (``eigen(principal_vectors=32)``, ``mwem(rounds=20)``;
-    :func:`dpsql.mechanisms.matrix.check_spec`) or a metric model's mechanism (``dx_laplace``,
-    ``dx_mwem(...)``, ``dx_smalldb(size=m)``; :func:`dpsql.mechanisms.catalog.check_dx_spec`).
-    Which noise family applies is decided by delta and the model when the request runs.
-    Raises :class:`~dpsql.errors.StrategyError`."""
-    from dpsql.mechanisms.catalog import check_dx_spec
-    from dpsql.mechanisms.matrix import check_spec
-
-    if isinstance(value, str) and value.strip().lower() == "dx_laplace":
-        return "dx_laplace"
-    if isinstance(value, str) and value.strip().lower().startswith("dx_"):
-        return check_dx_spec(value)          # dx_mwem(...), dx_smalldb(size=m)
-    return check_spec(value)
+#: the settings a script may SET (and a caller may give as defaults), by name
+DECLARED = {s.name: s for s in settings_for("script")}
+SETTINGS = tuple(DECLARED)
 
 
 def parse_script(text: str, **defaults) -> Script:
@@ -102,8 +88,14 @@ def parse_script(text: str, **defaults) -> Script:
     ``defaults``: ``epsilon``, ``delta``, ``strategy``, ``calibration``, ``model``,
     ``target_rmse``, ``max_stderr``, ``confirm``, ``nonnegative``, ``integer``, ``reuse``
     (the command line's defaults, overridden by the script's ``SET``) and ``release``
-    (overrides every ``SET dpsql.release``)."""
-    script = _parse_script(text, check_strategy=check_strategy, **defaults)
+    (overrides every ``SET dpsql.release``); each checked with its declared parser."""
+    unknown = set(defaults) - set(DECLARED)
+    if unknown:
+        raise TypeError(f"parse_script() got unknown setting(s) {sorted(unknown)}")
+    check_asks(*(defaults.get(k) for k in ASKS), " as defaults")
+    parsed = {k: DECLARED[k].parse(v) for k, v in defaults.items() if v is not None}
+    release = parsed.pop("release", None)
+    script = _parse_script(text, declared=DECLARED, defaults=parsed, release=release)
     workloads = tuple(replace(w, strategy=_canonical(w.strategy, w.delta, w.model))
                       for w in script.workloads)
     return replace(script, workloads=workloads)

@@ -252,9 +252,16 @@ def fraction_from_text(text: str) -> Fraction:
 def _show(value: Fraction) -> str:
     """An integer, a short decimal when that is exact, else ``approx (exactly num/den)``."""
     if value.denominator == 1:
-        return str(value.numerator)
+        return str(value.numerator) if abs(value.numerator) < 10**30 else _huge(value)
+    if abs(value) > 10**300:         # float() would overflow
+        return _huge(value)
     for digits in range(1, 18):
         text = f"{float(value):.{digits}g}"
         if Fraction(text) == value:
             return text
     return f"{float(value):.6g} (exactly {value.numerator}/{value.denominator})"
+
+
+def _huge(value: Fraction) -> str:
+    """A value too large to print in full (or as a float): its order of magnitude."""
+    return f"{'-' if value < 0 else ''}about 10^{int(math.log10(abs(int(value))))}"

@@ -16,8 +16,7 @@ import os
 import sys
 
 from dpsql.errors import DpsqlError
-from dpsql.interfaces.shell.settings import (DEFAULT_CONFIRM_SHARE, parse_delta, parse_epsilon, parse_model,
-                       parse_share, parse_strategy, parse_target)
+from dpsql.request import settings_for
 
 
 class _Batch(argparse.Action):
@@ -42,38 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run a SQL file (- for standard input) as one workload and exit; "
                         "repeatable")
     p.add_argument("--csv", action="store_true", help="print results as CSV")
-    p.add_argument("--epsilon", help="epsilon each submission spends (no default)")
-    p.add_argument("--delta", help="delta each submission spends (no default; 0 asks for "
-                                   "pure epsilon-DP)")
-    p.add_argument("--strategy", default="auto",
-                   help="auto (default: the lowest expected error), a strategy name, or a "
-                        "spec with options such as 'eigen(principal_vectors=32)' or "
-                        "'mwem(rounds=20)' (mwem needs delta 0)")
-    p.add_argument("--model", default="dp",
-                   help="dp (default: differential privacy) or metric (d_X privacy under "
-                        "the table's declared metric: epsilon per unit distance, delta 0)")
-    p.add_argument("--target-rmse", metavar="R",
-                   help="ask by accuracy instead of --epsilon: each submission spends the "
-                        "smallest epsilon whose expected RMSE is at most R, shown first and "
-                        "spent only once confirmed")
-    p.add_argument("--max-stderr", metavar="S",
-                   help="ask by accuracy: the smallest epsilon giving every answer a standard "
-                        "error of at most S (as --target-rmse)")
-    p.add_argument("--confirm", action="store_true",
-                   help="spend the epsilon an accuracy target needs without asking (needed "
-                        "to spend by accuracy without a terminal)")
-    p.add_argument("--nonnegative", action="store_true",
-                   help="answers from non-negative least squares (post-processing, no "
-                        "privacy cost)")
-    p.add_argument("--integer", action="store_true",
-                   help="round the answers to integers (post-processing, no privacy cost)")
-    p.add_argument("--no-reuse", dest="reuse", action="store_false",
-                   help="measure every query afresh (\\set reuse off); by default answers "
-                        "come from past releases wherever they are at least as accurate, at "
-                        "no privacy cost")
-    p.add_argument("--confirm-share", default=None, metavar="SHARE",
-                   help="ask before spending more than this share of the remaining epsilon "
-                        "(default 0.25; 25%% works too; 1 never asks)")
+    for setting in settings_for("shell"):    # one option per declared shell setting
+        p.add_argument(setting.flag, **setting.argparse_options())
     return p
 
 
@@ -106,15 +75,8 @@ def _main(args) -> int:
     from dpsql.interfaces.shell.executor import Executor
     from dpsql.interfaces.shell.settings import ShellState
 
-    epsilon = parse_epsilon(args.epsilon) if args.epsilon is not None else None
-    delta = parse_delta(args.delta) if args.delta is not None else None
-    strategy = parse_strategy(args.strategy)
-    model = parse_model(args.model)
-    share = (parse_share(args.confirm_share) if args.confirm_share is not None
-             else DEFAULT_CONFIRM_SHARE)
-    targets = {k: parse_target(v, k) for k, v in (("target_rmse", args.target_rmse),
-                                                  ("max_stderr", args.max_stderr))
-               if v is not None}
+    settings = {s.name: s.parse(getattr(args, s.name), "cli") for s in settings_for("shell")
+                if getattr(args, s.name) is not None}
     if not os.path.exists(args.db):
         raise DpsqlError(f"database {args.db!r} does not exist")
     batch = list(args.batch or [])
@@ -122,10 +84,7 @@ def _main(args) -> int:
     if not batch and not interactive:
         batch = [("-f", "-")]          # piped input: one workload, like -f -
     with connect(args.db) as session:
-        state = ShellState(session, epsilon=epsilon, delta=delta, strategy=strategy,
-                           model=model, confirm_share=share, interactive=interactive,
-                           nonnegative=args.nonnegative, integer=args.integer,
-                           confirm=args.confirm, reuse=args.reuse, **targets)
+        state = ShellState(session, interactive=interactive, **settings)
         state.refresh()
         if interactive:
             from dpsql.interfaces.shell import repl

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from dpsql.errors import DpsqlError, PolicyError
-from dpsql.interfaces.shell.settings import SETTINGS, show_exact
+from dpsql.interfaces.shell.settings import ASKS, SETTINGS, show_exact
 
 
 @dataclass(frozen=True)
@@ -91,8 +91,8 @@ def _help(ex, arg):
 
 
 @command("\\set", "\\set [NAME [VALUE]]",
-         "show the settings, or set one: epsilon or target_rmse or max_stderr, delta, "
-         "strategy, model, nonnegative, integer, reuse, confirm, confirm_share")
+         "show the settings, or set one: " + " or ".join(k for k in SETTINGS if k in ASKS)
+         + ", " + ", ".join(k for k in SETTINGS if k not in ASKS))
 def _set(ex, arg):
     parts = arg.split(None, 1)
     if not parts:
