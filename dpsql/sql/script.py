@@ -18,7 +18,7 @@ from sqlglot.tokens import TokenType
 
 from dpsql.noise.accounting import validate_delta, validate_epsilon
 from dpsql.noise.accounting import to_exact
-from dpsql.errors import (DpsqlError, ParseError, PrivacyParameterError, UnsupportedQueryError,
+from dpsql.errors import (DpsqlError, ParseError, ScriptError, PrivacyParameterError, UnsupportedQueryError,
                       show_exact)
 from dpsql.noise.gaussian import CALIBRATIONS
 from dpsql.strategies import spec as strategy_spec
@@ -89,18 +89,6 @@ def check_asks(epsilon, target_rmse, max_stderr, where: str = "", flags: bool = 
             f"{' and '.join(given)} are both given{where}; a {who} asks either by epsilon "
             "or by an accuracy target (target_rmse or max_stderr, which spends the smallest "
             "epsilon meeting it), not both; drop one")
-
-
-class ScriptError(DpsqlError):
-    """A script was refused or stopped. ``released``: what it released before stopping."""
-
-    def __init__(self, message: str, *, workload: int | None = None, released=(),
-                 line: int | None = None, column: int | None = None):
-        super().__init__(" ".join(message.split("\n")))
-        self.workload = workload
-        self.released = tuple(released)
-        self.line = line
-        self.column = column
 
 
 @dataclass(frozen=True)
