@@ -164,7 +164,10 @@ def load_policy(source: str | Path | Mapping[str, Any], table: str | None = None
         if unknown:
             raise PolicyError(f"policy: unknown top-level field(s) {sorted(unknown)}")
         tables = doc["tables"]
-        if not isinstance(tables, Mapping) or not tables:
+        if not isinstance(tables, Mapping):
+            raise PolicyError(f"policy: `tables` must hold one [tables.<name>] section per "
+                              f"table, got {type(tables).__name__}")
+        if not tables:
             raise PolicyError("policy: `tables` must declare at least one table")
         out = {str(name).lower(): table_policy_from_spec(name, spec)   # checks the name
                for name, spec in tables.items()}
