@@ -13,6 +13,7 @@ mapping: the CLI, the shell, scripts and the DB-API driver read it through
 from __future__ import annotations
 
 import os
+import re
 import textwrap
 from dataclasses import dataclass
 from fractions import Fraction
@@ -117,7 +118,8 @@ class BudgetExceededError(DpsqlError):
         super().__init__(
             f"budget exceeded on table {table!r}: {quantity} spent {show_exact(spent)}, "
             f"requested {show_exact(requested)}, limit {show_exact(limit)} "
-            f"(remaining {show_exact(limit - spent)}); nothing was charged or released"
+            f"(remaining {show_exact(limit - spent)}); nothing was charged or released; ask "
+            "for less, or the data owner must raise the budget"
         )
 
 
@@ -217,7 +219,7 @@ def one_line(error: BaseException) -> str:
     if not isinstance(error, DpsqlError):
         return (f"internal error ({type(error).__name__}); details withheld because they "
                 "could contain data; please report it")
-    return " ".join(str(error).split()) or type(error).__name__
+    return re.sub(r"\s*\n\s*", " ", str(error)).strip() or type(error).__name__
 
 
 def exit_statuses_text(width: int = 88) -> str:
