@@ -186,3 +186,24 @@ def test_the_real_console_command_per_subcommand(f):
         assert "Traceback" not in out + err, (argv, err)
         assert p.returncode == status, (argv, p.returncode, err)
         assert len(err.strip().splitlines()) == 1 and err.startswith("error: "), (argv, err)
+
+
+def test_standard_input_scripts_not_utf8_refused_bom_accepted(f):
+    """``dpsql run DB -`` and ``dpsql shell DB -f -`` read standard input like a file."""
+    cases = [(["run", f["db"], "-", *EPS, "--dry-run"], b"SELECT COUNT(*) FROM adult WHERE "
+              b"sex = 'F\xe9male';", 66),
+             (["shell", f["db"], *EPS, "-f", "-"], b"SELECT 'F\xe9male';", 66),
+             (["explain", f["db"], "-", *EPS], b"\xef\xbb\xbf" + Q.encode(), 0),
+             (["shell", f["db"], "-f", "-"], b"\xef\xbb\xbf\\budget\n", 0)]
+    procs = [(subprocess.Popen([sys.executable, "-m", "dpsql", *argv], cwd=ROOT,
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE), argv, data, status)
+             for argv, data, status in cases]
+    for p, argv, data, status in procs:
+        out, err = p.communicate(data, timeout=600)
+        out, err = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+        assert "Traceback" not in out + err, (argv, err)
+        assert p.returncode == status, (argv, p.returncode, err)
+        if status:
+            assert err.startswith("error: standard input is not UTF-8") and len(
+                err.splitlines()) == 1, err

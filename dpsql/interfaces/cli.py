@@ -32,8 +32,8 @@ import sys
 import tempfile
 from importlib import resources
 
-from dpsql.errors import DpsqlError, InputFileError, read_input_file
-from dpsql.interfaces.exits import Parser, epilog, guarded
+from dpsql.errors import DpsqlError, InputFileError
+from dpsql.interfaces.exits import Parser, epilog, guarded, read_script
 from dpsql.store.results import format_table
 
 
@@ -42,17 +42,6 @@ def _number(text: str) -> float:
         return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-
-
-def _read_script(path: str) -> str:
-    if path == "-":
-        try:
-            text = sys.stdin.buffer.read().decode("utf-8")
-        except UnicodeDecodeError:
-            raise InputFileError("standard input is not UTF-8 text; save the script as "
-                                 "UTF-8") from None
-        return text[1:] if text.startswith("\ufeff") else text
-    return read_input_file(path, "script")
 
 
 def _privacy_args(p: argparse.ArgumentParser) -> None:
@@ -248,7 +237,7 @@ def _script(args, *, dry_run: bool) -> int:
     from dpsql.session import connect
 
     _require_db(args.db)
-    script = parse_script(_read_script(args.script), epsilon=args.epsilon, delta=args.delta,
+    script = parse_script(read_script(args.script), epsilon=args.epsilon, delta=args.delta,
                           strategy=args.strategy, calibration=args.calibration,
                           model=args.model, release=args.release,
                           target_rmse=args.target_rmse, max_stderr=args.max_stderr,

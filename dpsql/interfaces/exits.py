@@ -13,8 +13,8 @@ import os
 import sys
 from typing import Callable
 
-from dpsql.errors import (EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, UsageError, exit_status,
-                          exit_statuses_text, one_line)
+from dpsql.errors import (EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, InputFileError, UsageError,
+                          exit_status, exit_statuses_text, one_line, read_input_file)
 
 
 class Parser(argparse.ArgumentParser):
@@ -23,6 +23,23 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         raise UsageError(f"{message}; see `{self.prog} --help`")
+
+
+def read_script(path: str) -> str:
+    """A script file's text, or standard input's for ``-``: not UTF-8, missing, a directory
+    or unreadable is an :class:`InputFileError` (66); a UTF-8 byte order mark is dropped."""
+    if path != "-":
+        return read_input_file(path, "script")
+    stream = getattr(sys.stdin, "buffer", None)
+    if stream is None:                     # a text stream (tests, embedding)
+        text = sys.stdin.read()
+    else:
+        try:
+            text = stream.read().decode("utf-8")
+        except UnicodeDecodeError:
+            raise InputFileError("standard input is not UTF-8 text; save the script as "
+                                 "UTF-8") from None
+    return text[1:] if text.startswith("\ufeff") else text
 
 
 def epilog() -> str:

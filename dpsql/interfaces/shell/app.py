@@ -16,8 +16,8 @@ import argparse
 import os
 import sys
 
-from dpsql.errors import InputFileError, read_input_file
-from dpsql.interfaces.exits import Parser, epilog, guarded
+from dpsql.errors import InputFileError
+from dpsql.interfaces.exits import Parser, epilog, guarded, read_script
 from dpsql.interfaces.shell.settings import (DEFAULT_CONFIRM_SHARE, parse_delta, parse_epsilon, parse_model,
                        parse_share, parse_strategy, parse_target)
 
@@ -126,19 +126,13 @@ def _main(args) -> int:
         ex = Executor(state, sys.stdout, sys.stderr, _batch_confirm, csv_output=args.csv,
                       show_progress=sys.stderr.isatty(), stop_on_error=True)
         for option, value in batch:
-            text = value if option == "-e" else _read(value)
+            text = value if option == "-e" else read_script(value)
             keep_going = ex.submit(text)
             if ex.failed:
                 return ex.status
             if keep_going is False:
                 break
     return 0
-
-
-def _read(path: str) -> str:
-    if path == "-":
-        return sys.stdin.read()
-    return read_input_file(path, "script")
 
 
 def _batch_confirm(reason: str) -> bool:
