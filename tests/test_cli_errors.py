@@ -93,6 +93,7 @@ CASES = [
     (["protect", "{raw}", "{metric5_toml}"], 65), (["protect", "{raw}", "{people_toml}"], 65),
     (["protect", "{raw}", "{bom_toml}", "--table", "people"], 65),
     (["protect", "{raw_bom}", "{bom_toml}"], 0),                        # a BOM is accepted
+    (["protect", "{db}", "{bom_toml}"], 65),                            # already protected
     # script files for run / explain / shell -f
     *[(argv, status) for bad, status in (("{missing}", 66), ("{dir}", 66),
                                          ("{latin1_sql}", 66), ("{people_sql}", 65))
@@ -162,6 +163,7 @@ def test_messages_name_the_problem_and_the_fix(f, capsys):
         (["protect", f["raw"], f["tables5_toml"]], ("tables",)),
         (["run", f["db"], f["latin1_sql"], *EPS], ("script", "not UTF-8")),
         (["budget", f["missing"]], ("does not exist", "dpsql demo")),
+        (["protect", f["db"], f["bom_toml"]], ("already protected", "--replace")),
         (["run", f["db"], f["good_sql"], "--epsilon", "lots"], ("--epsilon", "--help")),
     ]:
         cli.main(argv)

@@ -118,8 +118,9 @@ def save_policy(con, policy: TablePolicy, *, replace: bool = False) -> None:
         if existing is not None:
             if not replace:
                 raise PolicyError(
-                    f"table {policy.table!r} is already protected; pass replace=True to change "
-                    "its policy (its ledger is kept and still counts against the new budget)")
+                    f"table {policy.table!r} is already protected; pass replace=True (`dpsql "
+                    "protect --replace`) to change its policy (its ledger is kept and still "
+                    "counts against the new budget)")
             con.execute("UPDATE dpsql.policies SET policy = ?, data_epoch = "
                         "CAST(uuid() AS VARCHAR) WHERE table_name = ?",
                         [policy.to_json(), policy.table])
