@@ -5,8 +5,9 @@ Python API, the DB-API driver, a ``dpsql run`` script or the shell, repeats and 
 message. Each test below says what passing means; the recurring meanings are:
 
 - **refused cleanly**: an error that names the problem (one line ``error: ...`` and the
-  exit status ``dpsql.errors.ERROR_TABLE`` gives its class on the command line, a :class:`dpsql.DpsqlError` / PEP 249 error in Python), no
-  traceback and no data value in the text;
+  exit status ``dpsql.errors.ERROR_TABLE`` gives its class on the command line, a
+  :class:`dpsql.DpsqlError` / PEP 249 error in Python), no traceback and no data value in
+  the text;
 - **nothing charged**: the ledger and the table list are identical before and after
   (``conftest.snapshot``);
 - **never executed**: no statement the analyst wrote reaches DuckDB (a recorder sits on every

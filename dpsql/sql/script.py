@@ -18,8 +18,8 @@ from sqlglot.tokens import TokenType
 
 from dpsql.noise.accounting import validate_delta, validate_epsilon
 from dpsql.noise.accounting import to_exact
-from dpsql.errors import (DpsqlError, ParseError, ScriptError, PrivacyParameterError, UnsupportedQueryError,
-                      show_exact)
+from dpsql.errors import (DpsqlError, ParseError, PrivacyParameterError, ScriptError,
+                          UnsupportedQueryError, show_exact)
 from dpsql.noise.gaussian import CALIBRATIONS
 from dpsql.strategies import spec as strategy_spec
 from dpsql.sql.parse import _position, split_statements

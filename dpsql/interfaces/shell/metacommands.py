@@ -56,7 +56,8 @@ def _table(ex, arg: str) -> str:
         raise DpsqlError("name a table (\\tables lists the protected tables)")
     if name not in policies:
         known = ", ".join(sorted(policies)) or "none"
-        raise UnknownTableError(f"table {arg.strip() or name!r} is not protected (protected: {known})")
+        raise UnknownTableError(
+            f"table {arg.strip() or name!r} is not protected (protected: {known})")
     return name
 
 
