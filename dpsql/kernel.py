@@ -44,7 +44,7 @@ import scipy.sparse as sp
 
 from dpsql.engines import duckdb as engine
 from dpsql.store import ledger
-from dpsql.errors import StrategyError
+from dpsql.errors import ScaleRefused, StrategyError
 from dpsql.noise import verify
 from dpsql.noise.composition import Spend
 from dpsql.noise.gaussian import (exact_zcdp_rho, gaussian_shortfall, sensitivity_with_slack)
@@ -56,12 +56,6 @@ from dpsql.workload.matrix import EXACT_ROWS, QUANTUM_BITS, Plan, exact_l1_sensi
 #: a recorded zCDP ρ may overstate the exact one by at most this (relative); above, the
 #: ledger's record does not match the σ used and the release is refused
 RHO_MATCH = Fraction(1, 10**9)
-
-
-class ScaleRefused(StrategyError):
-    """The kernel's own computation of a noise scale disagrees with the caller's: refused
-    before any noise was drawn (and, for the matrix and d_X Laplace releases, before the
-    charge). One line, naming the mechanism and the shortfall."""
 
 
 def _refuse_if(reason: str | None, what: str, after_charge: bool = False) -> None:

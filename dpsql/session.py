@@ -19,7 +19,7 @@ from dpsql.store import ledger
 from dpsql.mechanisms import matrix as selection
 from dpsql.mechanisms import reuse as reuse_mod
 from dpsql.noise.accounting import PrivacyCost, fraction_from_text
-from dpsql.errors import DpsqlError, PolicyError, UnsupportedQueryError
+from dpsql.errors import (DpsqlError, PolicyError, UnknownTableError, UnsupportedQueryError)
 from dpsql.inference.least_squares import LeastSquares, consistent
 from dpsql.kernel import Kernel
 from dpsql.noise.gaussian import rounding_slack, zcdp_rho
@@ -50,7 +50,8 @@ class Session(AdaptivePaths):
         tp = load_policy(policy, table)[table.lower()]
         with self.db.connect() as con:
             if not engine.table_exists(con, tp.table):
-                raise PolicyError(f"there is no table {tp.table!r} in the database to protect")
+                raise UnknownTableError(f"there is no table {tp.table!r} in the database to "
+                                        "protect; load the data first, or check the name")
             present = engine.table_columns(con, tp.table)
             missing = [c for c in tp.column_names if c not in present]
             if missing:
@@ -253,7 +254,8 @@ class Session(AdaptivePaths):
             policies = ledger.load_policies(con)
             if table is not None:
                 if table.lower() not in policies:
-                    raise PolicyError(f"table {table!r} is not protected")
+                    raise UnknownTableError(f"table {table!r} is not protected; `dpsql "
+                                            "budget DB` lists the protected tables")
                 policies = {table.lower(): policies[table.lower()]}
             out = {}
             for name, p in policies.items():
@@ -360,7 +362,7 @@ class Session(AdaptivePaths):
                 from dpsql.sql.parse import _position
                 line, col = _position(node)
                 known = ", ".join(sorted(policies)) or "none yet; see protect()"
-                raise UnsupportedQueryError(
+                raise UnknownTableError(
                     f"table {name!r} is not a protected table (protected: {known})", line, col)
             return policies[name]
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import dpsql.session as session_mod
-from dpsql.kernel import ScaleRefused
+from dpsql.errors import ScaleRefused
 from dpsql.mechanisms import catalog
 from dpsql.mechanisms import matrix
 from dpsql.mechanisms.dx.mechanisms import PairDifferences

@@ -12,7 +12,7 @@ import pytest
 import dpsql
 from dpsql.store import database as engine
 from dpsql.engines import duckdb as data_engine
-from dpsql.errors import (BudgetExceededError, EngineError, PolicyError,
+from dpsql.errors import (BudgetExceededError, EngineError, InputFileError, PolicyError,
                           PrivacyParameterError, StrategyError, UnsupportedQueryError)
 from dpsql.noise.samplers import SeededTestSampler
 
@@ -230,7 +230,7 @@ def test_policy_errors(adult_db, tmp_path):
         adult_db.protect("adult", bad, replace=True)
     with pytest.raises(PolicyError, match="already protected"):
         adult_db.protect("adult", ADULT_POLICY)
-    with pytest.raises(PolicyError, match="does not exist"):
+    with pytest.raises(InputFileError, match="does not exist"):   # a file, not a policy
         adult_db.protect("adult", str(tmp_path / "missing.toml"))
     with pytest.raises(UnsupportedQueryError, match="not a protected table"):
         adult_db.explain("SELECT COUNT(*) FROM other", epsilon=1, delta=1e-6)

@@ -78,14 +78,14 @@ def via_cli(setting, text, tmp_path, capsys) -> str:
     (tmp_path / "missing-is-not-reached.duckdb").write_bytes(b"")
     for name, value in [*base.items(), (setting.name, text)]:
         argv += [f"{SETTINGS[name].flag}={value}"]
-    assert cli.main(argv) == 2
+    assert cli.main(argv) == 65   # bad settings: EX_DATAERR in the error table
     err = capsys.readouterr().err
     assert err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
     return err[len("error: "):].strip()
 
 
 def via_shell_options(setting, text, capsys) -> str:
-    assert shell_app.main(["no-such.duckdb", f"{setting.flag}={text}", "-e", QUERY]) == 2
+    assert shell_app.main(["no-such.duckdb", f"{setting.flag}={text}", "-e", QUERY]) == 65   # bad settings: EX_DATAERR
     err = capsys.readouterr().err
     assert err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
     return err[len("error: "):].strip()

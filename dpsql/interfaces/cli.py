@@ -15,8 +15,11 @@
 docs/scripts.md); the privacy options are defaults that the script's ``SET dpsql.*``
 statements override, ``--release`` overrides ``SET dpsql.release``.
 
-Exit status: 0 success, 2 refusal or error (one line on stderr, never a traceback),
-130 interrupted (Ctrl-C). On success nothing is written to stderr.
+Exit status: 0 success; otherwise the status :data:`dpsql.errors.ERROR_TABLE` assigns to the
+error's class (64 usage, 65 bad SQL / settings / policy, 66 input file, 69 database
+unavailable, 70 internal, 75 database busy, 77 budget exhausted; ``dpsql --help`` lists
+them), with one line on stderr and never a traceback; 130 interrupted (Ctrl-C). On success
+nothing is written to stderr.
 """
 
 from __future__ import annotations
@@ -27,24 +30,12 @@ import math
 import os
 import sys
 import tempfile
-import tomllib
 from importlib import resources
 
-from dpsql.errors import DpsqlError
+from dpsql.errors import DpsqlError, InputFileError
+from dpsql.interfaces.exits import Parser, epilog, guarded, read_script
 from dpsql.request import settings_for
 from dpsql.store.results import format_table
-
-
-def _read_script(path: str) -> str:
-    if path == "-":
-        return sys.stdin.read()
-    if not os.path.isfile(path):
-        raise DpsqlError(f"script {path!r} does not exist")
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except UnicodeDecodeError:
-        raise DpsqlError(f"script {path!r} is not UTF-8 text; save it as UTF-8") from None
 
 
 def _privacy_args(p: argparse.ArgumentParser) -> None:
@@ -62,8 +53,9 @@ def _defaults(args) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="dpsql", description="Differentially private answers to SQL COUNT workloads.")
+    parser = Parser(
+        prog="dpsql", description="Differentially private answers to SQL COUNT workloads.",
+        epilog=epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
     d = sub.add_parser("demo", help="build a demo database from the Adult census data and "
@@ -147,25 +139,21 @@ def release_text(release) -> str:
 
 def _require_db(path: str) -> None:
     if not os.path.exists(path):
-        raise DpsqlError(f"database {path!r} does not exist")
+        raise InputFileError(f"database {path!r} does not exist; check the path (`dpsql "
+                             "demo --db PATH` builds a demo database)")
+    if os.path.isdir(path):
+        raise InputFileError(f"database {path!r} is a directory; give the path of a DuckDB "
+                             "database file")
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``dpsql``; returns the exit status (see the module docstring)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["shell"]:  # the shell parses its own options (including --help)
         from dpsql.interfaces import shell
 
         return shell.main(argv[1:])
-    args = build_parser().parse_args(argv)
-    try:
-        return _dispatch(args)
-    except DpsqlError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt as exc:
-        detail = str(exc)  # a script's interruption says what was released before it
-        print(f"cancelled: {detail}" if detail else "cancelled", file=sys.stderr)
-        return 130
+    return guarded(lambda: _dispatch(build_parser().parse_args(argv)))
 
 
 def _dispatch(args) -> int:
@@ -178,15 +166,11 @@ def _dispatch(args) -> int:
     if args.command == "demo":
         return demo(args.db)
     if args.command == "protect":
+        from dpsql.policy.policy import load_policy
+
         _require_db(args.db)
-        with open(args.policy, "rb") as f:
-            try:
-                doc = tomllib.load(f)
-            except tomllib.TOMLDecodeError as exc:
-                raise DpsqlError(f"policy file {args.policy!r} is not valid TOML: {exc}") from None
-        tables = [args.table] if args.table else list(doc.get("tables", {}))
-        if not tables:
-            raise DpsqlError("the policy declares no [tables.<name>] section")
+        declared = load_policy(args.policy)     # the whole file checked before any write
+        tables = [args.table] if args.table else list(declared)
         with connect(args.db) as db:
             for t in tables:
                 tp = db.protect(t, args.policy, replace=args.replace)
@@ -221,7 +205,7 @@ def _script(args, *, dry_run: bool) -> int:
 
     _require_db(args.db)
     defaults = _defaults(args)
-    script = parse_script(_read_script(args.script), **defaults)
+    script = parse_script(read_script(args.script), **defaults)
     out = _ScriptOutput(args, len(script.workloads))
     with connect(args.db) as db:
         plan = check_script(db, script, replace=args.replace)
@@ -354,7 +338,8 @@ def demo(path: str | None = None) -> int:
     if path is None:
         path = os.path.join(tempfile.mkdtemp(prefix="dpsql-demo-"), "demo.duckdb")
     if os.path.exists(path):
-        raise DpsqlError(f"{path!r} already exists; the demo builds a new database")
+        raise DpsqlError(f"{path!r} already exists; the demo builds a new database: give "
+                         "--db a new path")
     print(f"dpsql demo: loading the UCI Adult census extract into {path}")
     owner = Database(path)
     with owner.connect(owner=True) as con, engine_errors("loading the demo data"):

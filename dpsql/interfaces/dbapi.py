@@ -86,24 +86,19 @@ class BudgetExceeded(OperationalError):
     table = quantity = spent = requested = limit = None
 
 
-_ERROR_MAP = (
-    (dp.BudgetExceededError, BudgetExceeded),
-    (dp.LockTimeoutError, OperationalError),
-    (dp.EngineError, InternalError),
-    ((dp.ParseError, dp.PolicyError, dp.PrivacyParameterError, dp.StrategyError),
-     ProgrammingError),
-    (dp.DpsqlError, DatabaseError),
-)
+def error_class(error: BaseException | type) -> type:
+    """The PEP 249 class for a dpsql error: the one :data:`dpsql.errors.ERROR_TABLE` names."""
+    return globals()[dp.error_row(error).dbapi]
 
 
 @contextlib.contextmanager
 def _backend() -> Iterator[None]:
-    """The boundary with dpsql: its errors leave as PEP 249 errors, chained with ``from``."""
+    """The boundary with dpsql: its errors leave as PEP 249 errors (the class the error
+    table names), chained with ``from``."""
     try:
         yield
     except dp.DpsqlError as exc:
-        cls = next(c for kinds, c in _ERROR_MAP if isinstance(exc, kinds))
-        err = cls(str(exc))
+        err = error_class(exc)(str(exc))
         if isinstance(exc, dp.BudgetExceededError):
             for attr in ("table", "quantity", "spent", "requested", "limit"):
                 setattr(err, attr, getattr(exc, attr))

@@ -64,7 +64,7 @@ from dpsql.noise import composition
 from dpsql.store import database as engine
 from dpsql.store import ledger
 from dpsql.noise.accounting import PrivacyCost
-from dpsql.errors import BudgetExceededError, DpsqlError, show_exact
+from dpsql.errors import BudgetExceededError, DpsqlError, PolicyError, show_exact
 from dpsql.store.results import Explanation, Release
 from dpsql.session import InterruptedAfterRelease, Session, request_matches
 from dpsql.release.support import _flags
@@ -264,7 +264,7 @@ def _explain(session: Session, script: Script, w: ScriptWorkload) -> Explanation
         located = exc
     raise ScriptError(f"{w.label}: {located}", workload=w.number,
                       line=getattr(located, "line", None),
-                      column=getattr(located, "column", None)) from None
+                      column=getattr(located, "column", None), cause=located) from None
 
 
 def _located_text(text: str, w: ScriptWorkload) -> str:
@@ -439,7 +439,7 @@ def _check_budget(session: Session, items):
     for t, eps in metric.items():
         b = budgets[t]
         if "metric_epsilon_limit" not in b:   # explain refuses this first; kept as a guard
-            return to_charge, remaining, metric, metric_left, DpsqlError(
+            return to_charge, remaining, metric, metric_left, PolicyError(
                 f"table {t!r} declares no metric model; metric (d_X) workloads need a "
                 "[tables.<name>.metric] section in its policy")
         if b["metric_epsilon_spent"] + eps > b["metric_epsilon_limit"]:
@@ -478,7 +478,7 @@ def run_script(session: Session, plan: Plan, *, replace: bool = False,
                 raise
             except DpsqlError as exc:
                 raise ScriptError(f"{w.label} failed: {exc}; {_kept(done, items[i + 1:])}",
-                                  workload=w.number, released=done) from None
+                                  workload=w.number, released=done, cause=exc) from None
             done.append(Outcome(w, release))
             if on_outcome is not None:
                 on_outcome(done[-1])

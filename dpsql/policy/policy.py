@@ -34,7 +34,7 @@ from typing import Any, Mapping
 
 from dpsql.noise.accounting import fraction_from_text, fraction_to_text, to_exact
 from dpsql.workload.domain import Domain, domain_from_spec
-from dpsql.errors import PolicyError, PrivacyParameterError
+from dpsql.errors import PolicyError, PrivacyParameterError, read_input_file
 
 _TABLE_FIELDS = {"epsilon", "delta", "columns", "rows", "metric", "zcdp_delta"}
 
@@ -187,12 +187,12 @@ def load_policy(source: str | Path | Mapping[str, Any], table: str | None = None
     """
     if isinstance(source, (str, Path)):
         path = Path(source)
-        if not path.is_file():
-            raise PolicyError(f"policy file {str(path)!r} does not exist")
+        text = read_input_file(str(path), "policy file")   # missing, directory, not UTF-8
         try:
-            doc: Mapping[str, Any] = tomllib.loads(path.read_text(encoding="utf-8"))
+            doc: Mapping[str, Any] = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
-            raise PolicyError(f"policy file {str(path)!r} is not valid TOML: {exc}") from None
+            raise PolicyError(f"policy file {str(path)!r} is not valid TOML: {exc}; fix "
+                              "the TOML syntax there") from None
     elif isinstance(source, Mapping):
         doc = source
     else:
@@ -202,9 +202,13 @@ def load_policy(source: str | Path | Mapping[str, Any], table: str | None = None
         if unknown:
             raise PolicyError(f"policy: unknown top-level field(s) {sorted(unknown)}")
         tables = doc["tables"]
-        if not isinstance(tables, Mapping) or not tables:
+        if not isinstance(tables, Mapping):
+            raise PolicyError(f"policy: `tables` must hold one [tables.<name>] section per "
+                              f"table, got {type(tables).__name__}")
+        if not tables:
             raise PolicyError("policy: `tables` must declare at least one table")
-        out = {name.lower(): table_policy_from_spec(name, spec) for name, spec in tables.items()}
+        out = {str(name).lower(): table_policy_from_spec(name, spec)   # checks the name
+               for name, spec in tables.items()}
         if table is not None:
             if table.lower() not in out:
                 raise PolicyError(

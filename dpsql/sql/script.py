@@ -15,7 +15,8 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.tokens import TokenType
 
-from dpsql.errors import DpsqlError, ParseError, PrivacyParameterError, UnsupportedQueryError
+from dpsql.errors import (DpsqlError, ParseError, PrivacyParameterError, ScriptError,
+                          UnsupportedQueryError)
 from dpsql.sql.parse import _position, split_statements
 
 #: the fields of a workload that hold an accuracy target (the declaration's targets:
@@ -37,18 +38,6 @@ def check_asks(epsilon, target_rmse, max_stderr, where: str = "") -> None:
             f"{' and '.join(given)} are both given{where}; a request asks either by epsilon "
             "or by an accuracy target (target_rmse or max_stderr, which spends the smallest "
             "epsilon meeting it), not both; drop one")
-
-
-class ScriptError(DpsqlError):
-    """A script was refused or stopped. ``released``: what it released before stopping."""
-
-    def __init__(self, message: str, *, workload: int | None = None, released=(),
-                 line: int | None = None, column: int | None = None):
-        super().__init__(" ".join(message.split("\n")))
-        self.workload = workload
-        self.released = tuple(released)
-        self.line = line
-        self.column = column
 
 
 @dataclass(frozen=True)

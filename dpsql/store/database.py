@@ -97,7 +97,8 @@ class Database:
             except duckdb.IOException as exc:
                 if "lock" not in str(exc).lower():
                     raise EngineError(
-                        f"could not open database {self.path!r} (engine message withheld)"
+                        f"could not open database {self.path!r} (engine message withheld); "
+                        "check that it is a DuckDB database file that you may read and write"
                     ) from None
                 if time.monotonic() >= deadline:
                     raise LockTimeoutError(
@@ -108,7 +109,8 @@ class Database:
                 delay = min(delay * 1.5, 0.1)
             except duckdb.Error:
                 raise EngineError(
-                    f"could not open database {self.path!r} (engine message withheld)"
+                    f"could not open database {self.path!r} (engine message withheld); "
+                    "check that it is a DuckDB database file that you may read and write"
                 ) from None
 
     def close(self) -> None:

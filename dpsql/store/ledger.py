@@ -122,8 +122,9 @@ def save_policy(con, policy: TablePolicy, *, replace: bool = False) -> None:
         if existing is not None:
             if not replace:
                 raise PolicyError(
-                    f"table {policy.table!r} is already protected; pass replace=True to change "
-                    "its policy (its ledger is kept and still counts against the new budget)")
+                    f"table {policy.table!r} is already protected; pass replace=True (`dpsql "
+                    "protect --replace`) to change its policy (its ledger is kept and still "
+                    "counts against the new budget)")
             if "zcdp_delta" not in json.loads(existing[0]) and spends(con, policy.table):
                 # the table's releases were admitted by the rule before the δ split: keep it
                 # on basic composition alone, never more budget under its past releases

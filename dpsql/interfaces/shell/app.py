@@ -6,7 +6,8 @@
                    [--csv]
 
 Each ``-e`` string and each ``-f`` file is one submission (its SQL is ONE workload), run in
-the order given; the first error stops the batch with exit status 2.
+the order given; the first error stops the batch with the exit status
+:data:`dpsql.errors.ERROR_TABLE` assigns to it (``dpsql shell --help`` lists them).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import argparse
 import os
 import sys
 
-from dpsql.errors import DpsqlError
+from dpsql.errors import InputFileError
+from dpsql.interfaces.exits import Parser, epilog, guarded, read_script
 from dpsql.request import settings_for
 
 
@@ -29,10 +31,11 @@ class _Batch(argparse.Action):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="dpsql shell",
         description="Interactive shell answering SQL COUNT workloads under differential "
-                    "privacy. Statements entered together are answered as one workload.")
+                    "privacy. Statements entered together are answered as one workload.",
+        epilog=epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("db", metavar="DB", help="DuckDB database with protected tables")
     p.add_argument("-e", dest="batch", action=_Batch, metavar="SQL",
                    help="run SQL (one workload; a line starting with \\ is a meta-command) "
@@ -47,26 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``dpsql shell``; returns the exit status (0 ok, 2 error, 130 Ctrl-C)."""
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        return _main(args)
-    except DpsqlError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("cancelled", file=sys.stderr)
-        return 130
-    except BrokenPipeError:     # e.g. `dpsql shell DB -e ... | head`: stop quietly
-        try:
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        except OSError:
-            pass
-        return 2
-    except Exception as exc:  # never a traceback: it could carry data values
-        print(f"error: internal error ({type(exc).__name__}); details withheld because they "
-              "could contain data; please report it", file=sys.stderr)
-        return 2
+    """Entry point of ``dpsql shell``; returns the exit status (0 ok, else the error table's
+    status for the first error, 130 Ctrl-C)."""
+    argv = sys.argv[1:] if argv is None else argv
+    return guarded(lambda: _main(build_parser().parse_args(argv)))
 
 
 def _main(args) -> int:
@@ -78,7 +65,11 @@ def _main(args) -> int:
     settings = {s.name: s.parse(getattr(args, s.name), "cli") for s in settings_for("shell")
                 if getattr(args, s.name) is not None}
     if not os.path.exists(args.db):
-        raise DpsqlError(f"database {args.db!r} does not exist")
+        raise InputFileError(f"database {args.db!r} does not exist; check the path (`dpsql "
+                             "demo --db PATH` builds a demo database)")
+    if os.path.isdir(args.db):
+        raise InputFileError(f"database {args.db!r} is a directory; give the path of a "
+                             "DuckDB database file")
     batch = list(args.batch or [])
     interactive = not batch and sys.stdin.isatty()
     if not batch and not interactive:
@@ -94,25 +85,13 @@ def _main(args) -> int:
         ex = Executor(state, sys.stdout, sys.stderr, _batch_confirm, csv_output=args.csv,
                       show_progress=sys.stderr.isatty(), stop_on_error=True)
         for option, value in batch:
-            text = value if option == "-e" else _read(value)
+            text = value if option == "-e" else read_script(value)
             keep_going = ex.submit(text)
             if ex.failed:
-                return 130 if ex.cancelled else 2
+                return ex.status
             if keep_going is False:
                 break
     return 0
-
-
-def _read(path: str) -> str:
-    if path == "-":
-        return sys.stdin.read()
-    if not os.path.isfile(path):
-        raise DpsqlError(f"script {path!r} does not exist")
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except (OSError, UnicodeDecodeError):
-        raise DpsqlError(f"script {path!r} cannot be read as UTF-8 text") from None
 
 
 def _batch_confirm(reason: str) -> bool:

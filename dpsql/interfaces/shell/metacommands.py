@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from dpsql.errors import DpsqlError, PolicyError
+from dpsql.errors import DpsqlError, UnknownTableError
 from dpsql.interfaces.shell.settings import ASKS, SETTINGS, show_exact
 
 
@@ -56,7 +56,8 @@ def _table(ex, arg: str) -> str:
         raise DpsqlError("name a table (\\tables lists the protected tables)")
     if name not in policies:
         known = ", ".join(sorted(policies)) or "none"
-        raise PolicyError(f"table {arg.strip() or name!r} is not protected (protected: {known})")
+        raise UnknownTableError(
+            f"table {arg.strip() or name!r} is not protected (protected: {known})")
     return name
 
 
