@@ -50,6 +50,10 @@ class LockTimeoutError(DpsqlError):
     """Another process held the database for longer than the configured wait."""
 
 
+class SchemaVersionError(DpsqlError):
+    """The database's dpsql tables were written by a newer dpsql (a newer schema version)."""
+
+
 class BudgetExceededError(DpsqlError):
     """A release would spend more than a table's budget. Nothing was charged."""
 
