@@ -225,6 +225,27 @@ def test_cached_strategies_are_used_without_running_the_optimiser(db, monkeypatc
     assert e.rmse == RECORD["ledger"][int(release_id) - 1]["expected_rmse"]
 
 
+def test_a_corrupt_cache_row_of_the_old_database_is_ignored_and_overwritten(db, old_path,
+                                                                           monkeypatch):
+    spec = RELEASES["1"]
+    db.budget()                                                  # migrate
+    con = duckdb.connect(old_path)
+    try:
+        changed = con.execute("UPDATE dpsql.strategy_cache SET matrix = 'garbage'::BLOB "
+                              "WHERE strategy = 'optimal' RETURNING fingerprint").fetchall()
+    finally:
+        con.close()
+    assert len(changed) == 1
+    cold = db.explain(spec["sql"], epsilon=spec["epsilon"], delta=spec["delta"],
+                      strategy="optimal", reuse=False)
+    assert [(c.strategy, c.cached) for c in cold.candidates] == [("optimal", False)]
+    monkeypatch.setattr(REGISTRY["optimal"], "plan", lambda *a, **k: 1 / 0)
+    hit = db.explain(spec["sql"], epsilon=spec["epsilon"], delta=spec["delta"],
+                     strategy="optimal", reuse=False)
+    assert [(c.strategy, c.cached) for c in hit.candidates] == [("optimal", True)]
+    assert hit.rmse == cold.rmse
+
+
 def test_past_measurements_answer_for_free(db):
     # three of release 1's age ranges, asked at an ε whose fresh noise would be far worse
     sql = RELEASES["1"]["sql"][1:4]
