@@ -164,9 +164,9 @@ def test_a_failed_migration_leaves_the_database_as_it_was(old_path, monkeypatch)
         "ALTER TABLE dpsql.no_such_table ADD COLUMN never INTEGER"))
     monkeypatch.setattr(schema, "MIGRATIONS", schema.MIGRATIONS + (broken,))
     monkeypatch.setattr(schema, "SCHEMA_VERSION", broken.version)
-    with dpsql.connect(old_path) as session:
-        with pytest.raises(EngineError, match="nothing was changed"):
-            session.budget()
+    with dpsql.connect(old_path) as session, \
+            pytest.raises(EngineError, match="nothing was changed"):
+        session.budget()
     assert _snapshot(old_path) == before     # migration 1 rolled back with it
 
 

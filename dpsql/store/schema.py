@@ -256,7 +256,7 @@ def _upgrade(con, found: int, where: str) -> int:
     except BaseException as exc:
         try:
             con.execute("ROLLBACK")
-        except Exception:   # noqa: BLE001 — the transaction may already be gone
+        except Exception:   # noqa: BLE001, S110 — the transaction may already be gone
             pass
         if isinstance(exc, duckdb.Error):
             raise EngineError(
@@ -267,5 +267,5 @@ def _upgrade(con, found: int, where: str) -> int:
     return SCHEMA_VERSION
 
 
-__all__ = ["MIGRATIONS", "Migration", "SCHEMA_VERSION", "TABLES", "check", "dpsql_version",
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "TABLES", "Migration", "check", "dpsql_version",
            "ensure", "version"]
