@@ -74,6 +74,11 @@ class EngineError(DpsqlError):
     """The database engine failed. Its own message is withheld: it can contain data values."""
 
 
+class SchemaVersionError(EngineError):
+    """The database cannot be opened: its dpsql tables were written by a newer dpsql (a
+    newer schema version); nothing was changed. Upgrade dpsql."""
+
+
 class LockTimeoutError(DpsqlError):
     """Another process held the database for longer than the configured wait."""
 

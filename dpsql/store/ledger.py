@@ -1,6 +1,6 @@
 """The persistent privacy ledger, stored in the database's ``dpsql`` schema.
 
-Tables (readable with plain DuckDB):
+Tables (readable with plain DuckDB; created and migrated by :mod:`dpsql.store.schema`):
 
 - ``dpsql.policies``: one row per protected table, its validated policy as JSON.
 - ``dpsql.ledger``: one row per charge. Exact ε and δ as ``num/den`` text (the amounts that
@@ -36,58 +36,10 @@ import duckdb
 
 from dpsql.noise import composition
 from dpsql.noise.accounting import PrivacyCost, fraction_from_text, fraction_to_text
+from dpsql.store import schema
 from dpsql.store.database import engine_errors
 from dpsql.errors import BudgetExceededError, PolicyError
 from dpsql.policy.policy import TablePolicy
-
-SCHEMA_SQL = [
-    "CREATE SCHEMA IF NOT EXISTS dpsql",
-    """CREATE TABLE IF NOT EXISTS dpsql.policies (
-        table_name VARCHAR PRIMARY KEY,
-        policy VARCHAR NOT NULL,
-        created_at TIMESTAMP NOT NULL DEFAULT current_timestamp)""",
-    """CREATE TABLE IF NOT EXISTS dpsql.ledger (
-        release_id BIGINT PRIMARY KEY,
-        created_at TIMESTAMP NOT NULL DEFAULT current_timestamp,
-        table_name VARCHAR NOT NULL,
-        epsilon DOUBLE NOT NULL,
-        delta DOUBLE NOT NULL,
-        epsilon_exact VARCHAR NOT NULL,
-        delta_exact VARCHAR NOT NULL,
-        rho DOUBLE,
-        mechanism VARCHAR NOT NULL,
-        strategy VARCHAR NOT NULL,
-        calibration VARCHAR,
-        sigma DOUBLE,
-        sensitivity DOUBLE,
-        n_queries BIGINT NOT NULL,
-        n_cells BIGINT NOT NULL,
-        expected_rmse DOUBLE,
-        sql_text VARCHAR NOT NULL,
-        result_tables VARCHAR[],
-        private BOOLEAN NOT NULL,
-        status VARCHAR NOT NULL,
-        release_name VARCHAR UNIQUE,
-        bound_ratio DOUBLE,
-        metric_epsilon DOUBLE,
-        metric_epsilon_exact VARCHAR,
-        request VARCHAR,
-        reused_from VARCHAR)""",
-    # ledgers written by earlier versions
-    "ALTER TABLE dpsql.ledger ADD COLUMN IF NOT EXISTS metric_epsilon DOUBLE",
-    "ALTER TABLE dpsql.ledger ADD COLUMN IF NOT EXISTS metric_epsilon_exact VARCHAR",
-    "ALTER TABLE dpsql.ledger ADD COLUMN IF NOT EXISTS request VARCHAR",
-    "ALTER TABLE dpsql.ledger ADD COLUMN IF NOT EXISTS reused_from VARCHAR",
-    # a new value each time the owner (re-)protects the table: past releases' measurements
-    # are reused only within one epoch (after reloading the data, protect(replace=True))
-    "ALTER TABLE dpsql.policies ADD COLUMN IF NOT EXISTS data_epoch VARCHAR",
-    """CREATE TABLE IF NOT EXISTS dpsql.release_tables (
-        release_id BIGINT NOT NULL,
-        statement_index INTEGER NOT NULL,
-        table_name VARCHAR NOT NULL,
-        sql_text VARCHAR NOT NULL,
-        n_rows BIGINT NOT NULL)""",
-]
 
 LEDGER_COLUMNS = (
     "release_id, created_at, table_name, epsilon, delta, mechanism, strategy, calibration, "
@@ -97,11 +49,8 @@ LEDGER_COLUMNS = (
 
 
 def ensure_schema(con) -> None:
-    from dpsql.store.strategy_cache import SCHEMA_SQL as CACHE_SQL
-
-    with engine_errors("creating dpsql's metadata schema"):
-        for stmt in SCHEMA_SQL + [CACHE_SQL]:
-            con.execute(stmt)
+    """Create dpsql's tables (or migrate them) at the current version: :mod:`dpsql.store.schema`."""
+    schema.ensure(con)
 
 
 def has_schema(con) -> bool:
