@@ -195,6 +195,8 @@ ERROR_TABLE: dict[type, ErrorRow] = {
                           "script refused (a setting missing, a name taken)"),
     NoTerminal: ErrorRow(EX_DATAERR, "55000", "OperationalError",
                          "confirmation needed, no terminal"),
+    SchemaVersionError: ErrorRow(EX_UNAVAILABLE, "55000", "OperationalError",
+                                 "database written by a newer dpsql: upgrade dpsql"),
     EngineError: ErrorRow(EX_UNAVAILABLE, "58000", "InternalError",
                           "database cannot be opened or the engine failed"),
     LockTimeoutError: ErrorRow(EX_TEMPFAIL, "55P03", "OperationalError",
