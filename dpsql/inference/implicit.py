@@ -43,7 +43,7 @@ def _sorted_set(cols) -> tuple:
 
 def residual_coefficient(sizes, B, A) -> float:
     """``c(B, A)``: the per-cell variance of marginal B contributed by ``P_A`` at ``a_A = 1``."""
-    B, A = set(_sorted_set(B)), set(_sorted_set(A))
+    B, A = set(B), set(A)
     if not A <= B:
         return 0.0
     c = 1.0

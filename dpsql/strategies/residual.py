@@ -44,6 +44,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import scipy.sparse as sp
 
 from dpsql.errors import StrategyError
 from dpsql.inference.implicit import residual_answer, residual_cell_variance, residual_coefficient
@@ -83,12 +84,18 @@ def multiplicity(sizes, A) -> int:
 
 def eigenvalues(sizes, weights: dict) -> dict:
     """``v_A = Σ_{B⊇A} w_B Π_{i∉B} n_i`` for A in the closure (eigenvalue of V on ``P_A``)."""
-    d = len(sizes)
-    out = {}
-    for A in closure(weights):
-        out[A] = sum(w * math.prod(sizes[i] for i in range(d) if i not in B)
-                     for B, w in weights.items() if set(A) <= set(B))
+    N = math.prod(sizes)
+    out = {A: 0.0 for A in closure(weights)}
+    for B, w in weights.items():
+        outside = N // math.prod(sizes[i] for i in B)
+        for A in _subsets(B):
+            out[A] += w * outside
     return out
+
+
+def _subsets(B: tuple):
+    for mask in range(1 << len(B)):
+        yield tuple(B[j] for j in range(len(B)) if mask >> j & 1)
 
 
 def svdb_marginals(sizes, weights: dict) -> float:
@@ -175,10 +182,17 @@ class ResidualPlan:
 
 
 def _coefficients(sizes, weights, cells, subsets):
-    """``g_A`` (sum objective) and the matrix ``C[B, A] = w_B c(B, A)`` (max objective)."""
-    Bs = list(weights)
-    C = np.array([[weights[B] * residual_coefficient(sizes, B, A) for A in subsets] for B in Bs])
-    g = np.array([sum(C[k, j] * cells[B] for k, B in enumerate(Bs)) for j in range(len(subsets))])
+    """``g_A`` (sum objective) and the sparse ``C[B, A] = w_B c(B, A)``, A ⊆ B (max objective)."""
+    index = {A: j for j, A in enumerate(subsets)}
+    rows, cols, vals = [], [], []
+    for k, (B, w) in enumerate(weights.items()):
+        for A in _subsets(B):
+            if A in index:
+                rows.append(k)
+                cols.append(index[A])
+                vals.append(w * residual_coefficient(sizes, B, A))
+    C = sp.csr_matrix((vals, (rows, cols)), shape=(len(weights), len(subsets)))
+    g = np.asarray(C.T @ np.array([float(cells[B]) for B in weights])).reshape(-1)
     return g, C
 
 
@@ -191,7 +205,7 @@ def _max_optimum(C: np.ndarray, m: np.ndarray, N: int) -> np.ndarray:
     """min_b max_B Σ_A C[B,A] m_A / (N b_A)  s.t. Σ b_A = 1, b >= 0 (b_A = a_A m_A / N)."""
     import cvxpy as cp
 
-    K = C * m[None, :] / N
+    K = sp.csr_matrix(C @ sp.diags(m / N))
     scale = float(K.max())
     b = cp.Variable(m.size, pos=True)
     problem = cp.Problem(cp.Minimize(cp.max((K / scale) @ cp.inv_pos(b))), [cp.sum(b) <= 1])
@@ -227,15 +241,16 @@ def residual_plan(sizes, weights: dict, cells: dict | None = None,
         raise StrategyError("cells must give, for every marginal, 1..(its cell count) cells")
     if objective not in ("sum", "max"):
         raise StrategyError(f"objective must be 'sum' or 'max', got {objective!r}")
-    subsets = [A for A in closure(weights) if multiplicity(sizes, A) > 0]
+    every = closure(weights)
+    subsets = [A for A in every if multiplicity(sizes, A) > 0]
     m = np.array([multiplicity(sizes, A) for A in subsets], dtype=float)
     g, C = _coefficients(sizes, weights, cells, subsets)
     N = math.prod(sizes)
     values = _sum_optimum(g, m, N) if objective == "sum" else _max_optimum(C, m, N)
     values = values / (float(values @ m) / N)        # Σ a_A m_A / N = 1 exactly up to rounding
-    a = {A: 1.0 for A in closure(weights)}
+    a = {A: 1.0 for A in every}
     a.update({A: float(v) for A, v in zip(subsets, values)})
-    bound = svdb_marginals(sizes, weights) if cells == full else None
+    bound = float(np.sqrt(g * m).sum()) ** 2 / N if cells == full else None   # g_A = m_A v_A
     return ResidualPlan(sizes, weights, cells, a, objective, bound)
 
 

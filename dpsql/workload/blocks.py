@@ -21,6 +21,7 @@ on the columns it uses (:meth:`KronBlock.answer`). Public inputs only.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -53,15 +54,17 @@ def grouped_factor(returned: int, excluded: int) -> np.ndarray:
     return np.hstack([np.eye(_size(returned)), np.zeros((returned, int(excluded)))])
 
 
+@functools.lru_cache(maxsize=256)
 def helmert(n: int) -> np.ndarray:
     """The ``(n-1) x n`` Helmert rows: orthonormal, orthogonal to ``1`` (row ``k`` compares
-    part ``k`` with the mean of the parts before it). ``HᵀH = I - 11ᵀ/n``."""
+    part ``k`` with the mean of the parts before it). ``HᵀH = I - 11ᵀ/n``. Read-only (cached)."""
     n = _size(n)
     H = np.zeros((n - 1, n))
     for k in range(1, n):
         H[k - 1, :k] = 1.0
         H[k - 1, k] = -float(k)
         H[k - 1] /= math.sqrt(k * (k + 1.0))
+    H.setflags(write=False)
     return H
 
 
