@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+from dpsql.errors import StrategyError
 from dpsql.inference.implicit import kron_answers, kron_variances
 from dpsql.strategies.gaussian.optimal import solve
 from dpsql.strategies.kronecker import (factor_error, one_dimensional, opt_kron, separate_kron,
@@ -114,3 +115,31 @@ def test_implicit_answers_and_variances_of_a_kronecker_strategy():
 def test_rows_outside_the_strategy_are_refused():
     with pytest.raises(ValueError, match="row space"):
         kron_variances([_ranges(3)], [np.ones((1, 3))])
+
+
+def _dense_l1_error(W, A):
+    """Δ₁² tr(WᵀW (AᵀA)⁺): the Laplace total squared error divided by 2/ε²."""
+    sens = float(np.abs(A).sum(axis=0).max())
+    return sens ** 2 * float(np.trace(W.T @ W @ np.linalg.pinv(A.T @ A)))
+
+
+def test_laplace_variants_match_dense_and_beat_identity():
+    union = _union()
+    W = union.dense()
+    identity = float(np.trace(W.T @ W))                 # Δ₁ = 1, (AᵀA)⁺ = I
+    block = union.blocks[0]
+    single = opt_kron(block, norm="l1")
+    A = single.dense()
+    assert single.norm == "l1" and single.l1_sensitivity == pytest.approx(1.0, rel=1e-12)
+    assert single.error == pytest.approx(_dense_l1_error(block.dense(), A), rel=1e-9)
+    assert single.error < float(np.trace(block.dense().T @ block.dense()))
+    shared = union_kron(union, norm="l1")
+    assert shared.error == pytest.approx(_dense_l1_error(W, shared.dense()), rel=1e-9)
+    assert shared.error <= identity * (1 + 1e-12)     # small columns: identity wins here
+    strategies, shares, total = separate_kron(union, norm="l1")
+    errors = np.array([s.error for s in strategies])
+    assert total == pytest.approx(float((errors / shares ** 2).sum()), rel=1e-12)
+    stacked = np.vstack([c * s.dense() for c, s in zip(shares, strategies)])
+    assert float(np.abs(stacked).sum(axis=0).max()) == pytest.approx(1.0, rel=1e-9)
+    with pytest.raises(StrategyError, match="norm"):
+        opt_kron(block, norm="linf")
