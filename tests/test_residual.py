@@ -170,3 +170,27 @@ def test_large_domain_plans_work_on_marginals():
     one = {(0, 1): stored[(0, 1)]}
     y = {A: plan.measure(A, marginal(one, A, sizes)) for A in closure([(0, 1)])}
     np.testing.assert_allclose(plan.answer(y, (0, 1)), stored[(0, 1)], rtol=1e-10)
+
+
+def test_answers_are_the_least_squares_estimate():
+    """The reconstruction's linear map from y has row norms² equal to the per-cell variance
+    (so it is the minimum-variance unbiased estimator, which least squares is)."""
+    plan = residual_plan(SIZES, WEIGHTS, objective="max")
+    keys = list(plan.a)
+    shapes = [tuple(SIZES[i] - 1 for i in A) for A in keys]
+    total = sum(math.prod(s) for s in shapes)
+    for B in WEIGHTS:
+        columns = []
+        for j in range(total):
+            flat = np.zeros(total)
+            flat[j] = 1.0
+            parts = np.split(flat, np.cumsum([math.prod(s) for s in shapes])[:-1])
+            y = {A: p.reshape(s) for A, p, s in zip(keys, parts, shapes)}
+            columns.append(plan.answer(y, B).reshape(-1))
+        L = np.array(columns).T
+        np.testing.assert_allclose((L ** 2).sum(axis=1), plan.variance(B), rtol=1e-10)
+        A = plan.dense_rows()
+        Q = _dense_workload({B: 1.0})
+        np.testing.assert_allclose(L @ A, Q, atol=1e-10)            # unbiased: L A = Q_B
+    assert plan.sensitivity >= math.sqrt(
+        sum(plan.a[A] * math.prod(SIZES[i] - 1 for i in A) for A in keys) / math.prod(SIZES))

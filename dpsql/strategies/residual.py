@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 import scipy.sparse as sp
@@ -123,8 +124,14 @@ class ResidualPlan:
 
     @property
     def sensitivity(self) -> float:
-        """L2 sensitivity ``√(Σ_A a_A m_A / N)``: every column of the rows has this norm."""
-        return math.sqrt(sum(self.a[A] * multiplicity(self.sizes, A) for A in self.a) / self.N)
+        """L2 sensitivity ``√(Σ_A a_A m_A / N)`` of the real-valued rows (every column has
+        this norm), summed exactly over the float ``a_A`` and rounded up: never below it."""
+        total = sum(Fraction(self.a[A]) * multiplicity(self.sizes, A) for A in self.a
+                    if multiplicity(self.sizes, A)) / self.N
+        root = math.sqrt(float(total))
+        while Fraction(root) ** 2 < total:
+            root = math.nextafter(root, math.inf)
+        return root
 
     @property
     def n_measurements(self) -> int:
