@@ -9,10 +9,12 @@ import pytest
 
 from dpsql.errors import StrategyError
 from dpsql.strategies.bounds import svdb
-from dpsql.strategies.residual import svdb_marginals
-from dpsql.strategies.symmetric import invariant_blocks, restricted_svdb
+from dpsql.strategies.gaussian.optimal import solve
+from dpsql.strategies.residual import from_union, svdb_marginals
+from dpsql.strategies.symmetric import invariant_blocks, restricted_optimum, restricted_svdb
 from dpsql.workload.blocks import (KronBlock, UnionWorkload, grouped_factor, identity_factor,
                                    marginal_workload, ones_factor)
+from dpsql.workload.matrix import WorkloadInfo
 
 
 def _grouped(sizes, returned, cliques, weights=None):
@@ -56,3 +58,20 @@ def test_predicates_are_refused():
     union = UnionWorkload(("a",), (3,), (KronBlock((np.tril(np.ones((3, 3))),)),))
     with pytest.raises(StrategyError, match="predicate"):
         restricted_svdb(union)
+
+
+def test_certified_optimum_on_invariant_blocks_matches_the_dense_optimum():
+    union = _grouped((3, 3, 3, 4), (2, 2, 2, 3), list(itertools.combinations(range(4), 2)))
+    bound = restricted_optimum(union)
+    assert bound.lower <= bound.upper <= bound.lower * (1 + 1e-5)
+    assert bound.lower == pytest.approx(97.09, abs=5e-3)                 # NOTES' SDP value
+    sizes, returned = (4, 3, 5, 3), (3, 3, 3, 2)
+    union = _grouped(sizes, returned, [(0, 1), (1, 2, 3), (2,), (0, 3)], [1.0, 0.5, 2.0, 3.0])
+    bound = restricted_optimum(union)
+    dense = solve(WorkloadInfo.from_matrix(union.dense()))
+    assert bound.upper <= bound.lower * (1 + 1e-5)
+    assert bound.lower <= dense.upper * dense.scale * (1 + 1e-9)
+    assert dense.lower * dense.scale <= bound.upper * (1 + 1e-9)
+    assert bound.lower == pytest.approx(dense.upper * dense.scale, rel=2e-5)
+    plan = from_union(union)                       # the residual plan is a feasible strategy
+    assert plan.total_error >= bound.lower
