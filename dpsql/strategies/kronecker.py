@@ -14,7 +14,8 @@ sensitivity ``Π_i ‖A_i‖_{1→1}`` (a column of ``⊗A_i`` is the Kronecker 
   the dual weights ``w_1 ⊗ … ⊗ w_d`` certify ``Π h_i²`` as a lower bound, which ``⊗A_i`` attains.
 - :func:`union_kron`, one shared Kronecker strategy for ``Σ_k w_k ⊗_i V_{k,i}``: error
   ``Σ_k w_k Π_i tr(V_{k,i} X_i⁻¹)``, minimised by cycling over columns; with the other factors
-  fixed, column i's subproblem is the 1-D problem for ``Σ_k (w_k Π_{j≠i} tr(V_{k,j} X_j⁻¹)) V_{k,i}``.
+  fixed, column i's subproblem is the 1-D problem for the weighted Gram
+  ``Σ_k (w_k Π_{j≠i} tr(V_{k,j} X_j⁻¹)) V_{k,i}``.
   Every accepted step lowers the error (a step that would not is rejected).
 - :func:`separate_kron`, one OPT⊗ per block with the budget split: Gaussian sensitivities add
   in squares, so scaling block k by ``c_k`` (``Σ c_k² = 1``) gives error ``Σ E_k / c_k²``,
@@ -87,7 +88,7 @@ def gram_pinv(A: np.ndarray) -> np.ndarray:
 
 
 def factor_error(V: np.ndarray, A: np.ndarray) -> float:
-    """``tr(V (AᵀA)⁺)``; ``V``'s range must lie in ``A``'s row space (else the error is infinite)."""
+    """``tr(V (AᵀA)⁺)``; infinite unless ``V``'s range lies in ``A``'s row space."""
     G = gram_pinv(A)
     P = G @ (A.T @ A)                       # projection on A's row space
     if np.abs(V - P.T @ V @ P).max(initial=0.0) > 1e-8 * max(np.abs(V).max(initial=0.0), 1e-300):

@@ -248,7 +248,7 @@ class UnionWorkload:
         return out
 
     def answers(self, data) -> np.ndarray:
-        """``W x`` from a full ``x`` (small products) or a dict of marginals (see :func:`marginal`)."""
+        """``W x`` from a full ``x`` (small products) or a dict of marginals (:func:`marginal`)."""
         return np.concatenate([b.answer(marginal(data, b.used, self.sizes)) for b in self.blocks])
 
     def dense(self) -> np.ndarray:
