@@ -10,7 +10,7 @@ import pytest
 from scipy import optimize
 
 from dpsql.errors import StrategyError
-from dpsql.inference.implicit import residual_cell_variance
+from dpsql.inference.implicit import residual_block_answers, residual_cell_variance
 from dpsql.strategies.bounds import svdb
 from dpsql.strategies.gaussian.optimal import solve
 from dpsql.strategies.residual import (closure, eigenvalues, from_union, residual_plan,
@@ -194,3 +194,24 @@ def test_answers_are_the_least_squares_estimate():
         np.testing.assert_allclose(L @ A, Q, atol=1e-10)            # unbiased: L A = Q_B
     assert plan.sensitivity >= math.sqrt(
         sum(plan.a[A] * math.prod(SIZES[i] - 1 for i in A) for A in keys) / math.prod(SIZES))
+
+
+def test_any_kronecker_block_on_a_measured_clique_with_exact_standard_errors():
+    rng = np.random.default_rng(9)
+    plan = residual_plan(SIZES, WEIGHTS, objective="max")
+    x = rng.poisson(4.0, math.prod(SIZES)).astype(float)
+    y = plan.measure_all(x)
+    cov = _cov(plan)
+    ranges = np.array([[1.0 if i <= j <= k else 0.0 for j in range(5)]
+                       for i in range(5) for k in range(i, 5)])
+    blocks = [
+        KronBlock((ones_factor(3), np.eye(4), ones_factor(2), ranges), 2.0),      # on (1, 3)
+        KronBlock((np.array([[1.0, 0, 1]]), ones_factor(4), ones_factor(2), ranges[:4])),
+        KronBlock((ones_factor(3), grouped_factor(3, 1), np.eye(2), ones_factor(5)), 0.5),
+    ]
+    for block in blocks:
+        answers, se = residual_block_answers(SIZES, plan.a, y, block, sigma=3.0)
+        W = block.dense()
+        np.testing.assert_allclose(answers, W @ x, rtol=1e-10, atol=1e-8)
+        np.testing.assert_allclose(se ** 2, 9.0 * np.einsum("ij,jk,ik->i", W, cov, W),
+                                   rtol=1e-9)

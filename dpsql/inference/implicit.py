@@ -31,7 +31,7 @@ import math
 
 import numpy as np
 
-from dpsql.workload.blocks import apply_along, helmert
+from dpsql.workload.blocks import KronBlock, apply_along, helmert
 
 #: a row of W_i further than this (relative) from the row space of A_i is refused
 ROW_SPACE_TOL = 1e-8
@@ -133,3 +133,32 @@ def kron_answers(W_factors, A_factors, y) -> np.ndarray:
     for axis, M in enumerate(mats):
         T = apply_along(T, M, axis)
     return T.reshape(-1)
+
+
+def residual_block_answers(sizes, a: dict, y: dict, block: KronBlock,
+                           sigma: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """Answers of any Kronecker block on a measured clique, with exact standard errors.
+
+    The block's rows are ``√w ⊗_i F_i``; on its used columns B they act on the marginal of
+    x on B, so the answers are ``√w (⊗_{i∈B} F_i) Q_B x̂`` (ones rows elsewhere sum
+    exactly). With ``Cov(Q_B x̂) = σ² Σ_{A⊆B} (1/a_A) Π_{i∉B} n_i ⊗_{i∈B} P_{i,A}``
+    (``P_{i,A}`` = P1 if i ∈ A else P0), each answer's variance is
+    ``σ² w Σ_{A⊆B} (1/a_A) Π_{i∉B} n_i ⊗_{i∈B} diag(F_i P_{i,A} F_iᵀ)``: per-factor diagonals,
+    never the full product."""
+    sizes = tuple(int(n) for n in sizes)
+    if block.sizes != sizes:
+        raise ValueError(f"block sizes {block.sizes} differ from the plan's {sizes}")
+    B = block.used
+    answers = block.answer(residual_answer(sizes, a, y, B))
+    outside = math.prod(n for i, n in enumerate(sizes) if i not in B)
+    variance = np.zeros(answers.size)
+    for A in _subsets(B):
+        term = np.full(1, outside / a[A])
+        for i in B:
+            n, F = sizes[i], block.factors[i]
+            P = np.full((n, n), 1.0 / n)
+            if i in A:
+                P = np.eye(n) - P
+            term = np.kron(term, np.einsum("ij,jk,ik->i", F, P, F))
+        variance += term
+    return answers, float(sigma) * np.sqrt(block.weight * variance)
