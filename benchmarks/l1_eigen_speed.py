@@ -5,7 +5,7 @@
 
 CPU time (``time.process_time``), best of ``K`` runs, with ``OPENBLAS_NUM_THREADS=1`` so
 that other jobs on a shared machine do not count. The test suite checks the RMSE
-(tests/test_l1_strategies.py) and never a time.
+(tests/strategies/test_l1_strategies.py) and never a time.
 """
 
 from __future__ import annotations

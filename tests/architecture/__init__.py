@@ -1,0 +1,1 @@
+"""Layout: layer contracts, the privacy boundary on the source, size limits."""

@@ -1,0 +1,1 @@
+"""Interfaces: the CLI, the shell, the DB-API driver, scripts, settings and errors."""

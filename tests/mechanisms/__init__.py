@@ -1,0 +1,1 @@
+"""Mechanisms: MWEM, d_X, answers from past releases, accuracy first, consistency."""

@@ -1,0 +1,1 @@
+"""Privacy: samplers, calibration, accounting, the kernel's checks, attacks and faults."""

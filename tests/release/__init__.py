@@ -1,0 +1,1 @@
+"""The release path: charge before release, Ctrl-C, writes."""

@@ -1,0 +1,1 @@
+"""SQL: parsing, compiling onto declared domains, DuckDB as the oracle."""

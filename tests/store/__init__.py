@@ -1,0 +1,1 @@
+"""Store: the schema and its migrations."""

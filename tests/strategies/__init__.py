@@ -1,0 +1,1 @@
+"""Strategies: plans, their errors and sensitivities, the caches."""
