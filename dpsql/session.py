@@ -197,11 +197,11 @@ class Session:
 
     @staticmethod
     def _parse(sql, policies) -> tuple[TablePolicy, list]:
-        return mechanism.parse(sql, policies)
+        return mechanism.parse_request(sql, policies)
 
     @staticmethod
     def _compile(sql, policies) -> tuple[TablePolicy, list, Workload]:
-        return mechanism.compile(sql, policies)
+        return mechanism.compile_request(sql, policies)
 
     @staticmethod
     def _model(model, dlt, strategy) -> str:

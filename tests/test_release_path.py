@@ -223,3 +223,33 @@ def test_every_metric_epsilon_is_exact(db):
     sql, request = _ask(db, "dx_laplace", epsilon=Fraction(1, 3))
     db.answer(sql, **request)
     assert db.budget("adult")["metric_epsilon_spent"] == Fraction(1, 3)
+
+
+def _params(eps, delta, strategy, model="dp"):
+    return (f'{{"epsilon": "{eps}", "delta": "{delta}", "strategy": "{strategy}", '
+            f'"calibration": "analytic", "model": "{model}"}}')
+
+
+#: the request each mechanism records with its charge, as before the one path (byte for byte)
+RECORDED = {
+    "gaussian": (_params("1/2", "1/1000000", "identity"), "identity", "analytic"),
+    "laplace": (_params("1/2", "0/1", "auto"), None, None),
+    "reuse": (_params("1/2", "0/1", "auto"), "reuse", None),
+    "mwem": (_params("1/2", "0/1", "mwem(rounds=2)"), "mwem(rounds=2)", None),
+    "dx_laplace": (_params("1/1", "0/1", "auto", "metric"), "dx_laplace", None),
+    "dx_mwem": (_params("1/1", "0/1", "dx_mwem(rounds=2)", "metric"), "dx_mwem(rounds=2)",
+                None),
+    "dx_smalldb": (_params("1/1", "0/1", "dx_smalldb(size=4)", "metric"),
+                   "dx_smalldb(size=4)", None),
+}
+
+
+@pytest.mark.parametrize("kind", list(RECORDED))
+def test_each_mechanism_records_the_request_as_before(db, kind):
+    sql, request = _ask(db, kind)
+    db.answer(sql, **request)
+    entry = db.ledger()[-1]
+    params, strategy, calibration = RECORDED[kind]
+    assert entry["request"] == params and entry["calibration"] == calibration
+    assert strategy is None or entry["strategy"] == strategy
+    assert (entry["reused_from"] is not None) == (kind == "reuse")

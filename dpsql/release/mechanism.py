@@ -28,6 +28,7 @@ from dpsql.policy.policy import TablePolicy
 from dpsql.sql.compile import Workload
 from dpsql.sql.parse import parse_batch
 from dpsql.errors import UnsupportedQueryError
+from dpsql.release.support import _flags
 
 
 @dataclass(frozen=True)
@@ -54,8 +55,7 @@ class Ask:
     def flags(self) -> dict:
         """Post-processing flags as recorded with a request (absent when off; ``reuse`` is
         not part of "the same request")."""
-        return ({"nonnegative": self.nonnegative, "integer": self.integer}
-                if self.nonnegative or self.integer else {})
+        return _flags(self.nonnegative, self.integer)
 
 
 @dataclass(frozen=True)
@@ -69,13 +69,14 @@ class Public:
 
     def parse(self, sql) -> tuple[TablePolicy, list]:
         """The batch's protected table and its queries (remembered: public inputs only)."""
-        return parse(sql, self.policies)
+        return parse_request(sql, self.policies)
 
     def compile(self, sql) -> tuple[TablePolicy, list, Workload]:
-        return compile(sql, self.policies)
+        return compile_request(sql, self.policies)
 
 
-def parse(sql, policies) -> tuple[TablePolicy, list]:
+def parse_request(sql, policies) -> tuple[TablePolicy, list]:
+    """The batch's protected table and its queries (allow-list parse; remembered)."""
     def resolve(name, node):
         if name not in policies:
             from dpsql.sql.parse import _position
@@ -91,10 +92,11 @@ def parse(sql, policies) -> tuple[TablePolicy, list]:
     return policies[queries[0].table], queries
 
 
-def compile(sql, policies) -> tuple[TablePolicy, list, Workload]:
+def compile_request(sql, policies) -> tuple[TablePolicy, list, Workload]:
+    """The batch's table, queries and compiled workload (remembered; immutable)."""
     from dpsql.sql import memo     # compiled batches are remembered (immutable workloads)
 
-    policy, queries = parse(sql, policies)
+    policy, queries = parse_request(sql, policies)
     return policy, queries, memo.compiled(memo.batch_key(sql, policies), queries, policy)
 
 
