@@ -7,15 +7,17 @@
     release = db.answer("SELECT sex, COUNT(*) FROM adult GROUP BY sex", epsilon=0.5, delta=1e-6)
 """
 
-from dpsql.errors import (BudgetExceededError, DpsqlError, EngineError, LockTimeoutError,
-                     ParseError, PolicyError, PrivacyParameterError, StrategyError,
-                     UnsupportedQueryError)
+from dpsql.errors import (BudgetExceededError, DpsqlError, EngineError, InputFileError,
+                     InternalFailure, LockTimeoutError, ParseError, PolicyError,
+                     PrivacyParameterError, StrategyError, UnknownTableError,
+                     UnsupportedQueryError, UsageError)
 from dpsql.session import InterruptedAfterRelease, Session, connect
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "BudgetExceededError", "DpsqlError", "EngineError", "InterruptedAfterRelease", "LockTimeoutError", "ParseError",
-    "PolicyError", "PrivacyParameterError", "Session", "StrategyError",
-    "UnsupportedQueryError", "connect",
+    "BudgetExceededError", "DpsqlError", "EngineError", "InputFileError", "InternalFailure",
+    "InterruptedAfterRelease", "LockTimeoutError", "ParseError", "PolicyError",
+    "PrivacyParameterError", "Session", "StrategyError", "UnknownTableError",
+    "UnsupportedQueryError", "UsageError", "connect",
 ]

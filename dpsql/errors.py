@@ -1,17 +1,38 @@
-"""dpsql's exceptions: one root, one class per kind of refusal.
+"""dpsql's exceptions: one root, one class per kind of refusal, and THE error table.
 
 Every message says what was asked, what is allowed and how to fix it. Messages never
 contain data values (cell counts, raw rows, engine error text): only policy and query text,
 which are public.
+
+:data:`ERROR_TABLE` maps each class to its command-line exit status (``sysexits.h``), its
+PostgreSQL SQLSTATE and its PEP 249 (DB-API) exception class name. It is the only such
+mapping: the CLI, the shell, scripts and the DB-API driver read it through
+:func:`error_row` (docs/scripts.md, "Exit status"; docs/dbapi.md, "Errors").
 """
 
 from __future__ import annotations
 
+import os
+import re
+import textwrap
+from dataclasses import dataclass
 from fractions import Fraction
 
 
 class DpsqlError(Exception):
-    """Root of every error dpsql raises on purpose."""
+    """Root of every error dpsql raises on purpose. Raised itself: a refused request that no
+    subclass describes (e.g. a release name used for a different batch)."""
+
+
+class UsageError(DpsqlError):
+    """The command line is malformed: an unknown option, a missing argument, a flag value of
+    the wrong form (``--epsilon abc``). Ranges and meanings are checked later
+    (:class:`PrivacyParameterError`)."""
+
+
+class InputFileError(DpsqlError):
+    """A file named by the user (database, policy, script) does not exist, is a directory,
+    cannot be read, or is not UTF-8 text."""
 
 
 class ParseError(DpsqlError):
@@ -34,6 +55,13 @@ class PolicyError(DpsqlError):
     """A policy (domains, budgets) is invalid, missing, or a query contradicts it."""
 
 
+class UnknownTableError(UnsupportedQueryError, PolicyError):
+    """A query or command names a table that is not protected (no policy declares it).
+
+    Both an :class:`UnsupportedQueryError` (it carries the position in the SQL, when there
+    is one) and a :class:`PolicyError` (the policy is what is missing)."""
+
+
 class PrivacyParameterError(DpsqlError):
     """An epsilon / delta / calibration request is invalid."""
 
@@ -46,15 +74,54 @@ class EngineError(DpsqlError):
     """The database engine failed. Its own message is withheld: it can contain data values."""
 
 
+class SchemaVersionError(EngineError):
+    """The database cannot be opened: its dpsql tables were written by a newer dpsql (a
+    newer schema version); nothing was changed. Upgrade dpsql."""
+
+
 class LockTimeoutError(DpsqlError):
     """Another process held the database for longer than the configured wait."""
+
+
+class ScaleRefused(StrategyError):
+    """The kernel's own computation of a noise scale disagrees with the caller's: refused
+    before any noise was drawn (and, for the matrix and d_X Laplace releases, before the
+    charge). One line, naming the mechanism and the shortfall. A bug in dpsql if it is
+    ever seen: no analyst input makes a scale too small."""
+
+
+class InternalFailure(DpsqlError):
+    """dpsql itself failed (a bug, or a dependency such as OpenDP refusing what dpsql
+    checked): nothing was released. Also the row for any exception that is not a
+    :class:`DpsqlError` reaching an interface."""
+
+
+class NoTerminal(DpsqlError):
+    """A confirmation was needed but there is no terminal to ask on: nothing was spent. The
+    shell adds how to spend without asking."""
+
+
+class ScriptError(DpsqlError):
+    """A script was refused or stopped. ``released``: what it released before stopping;
+    ``cause``: the error that stopped it, if any (its row in the table decides the exit
+    status, so a script stopped by an exhausted budget exits as the budget error does)."""
+
+    def __init__(self, message: str, *, workload: int | None = None, released=(),
+                 line: int | None = None, column: int | None = None,
+                 cause: DpsqlError | None = None):
+        super().__init__(" ".join(message.split("\n")))
+        self.workload = workload
+        self.released = tuple(released)
+        self.line = line
+        self.column = column
+        self.cause = cause
 
 
 class BudgetExceededError(DpsqlError):
     """A release would spend more than a table's budget. Nothing was charged."""
 
     def __init__(self, table: str, quantity: str, spent: Fraction, requested: Fraction,
-                 limit: Fraction):
+                 limit: Fraction, note: str = ""):
         self.table = table
         self.quantity = quantity
         self.spent = spent
@@ -63,7 +130,9 @@ class BudgetExceededError(DpsqlError):
         super().__init__(
             f"budget exceeded on table {table!r}: {quantity} spent {show_exact(spent)}, "
             f"requested {show_exact(requested)}, limit {show_exact(limit)} "
-            f"(remaining {show_exact(limit - spent)}); nothing was charged or released"
+            f"(remaining {show_exact(max(limit - spent, Fraction(0)))}); nothing was charged "
+            "or released; ask for less, or the data owner must raise the budget"
+            + (f"; {note}" if note else "")
         )
 
 
@@ -77,3 +146,133 @@ def show_exact(value) -> str:
         if Fraction(s) == f:
             return s
     return f"{float(f):.6g} (exactly {f.numerator}/{f.denominator})"
+
+
+# --------------------------------------------------------------------------- the error table
+
+@dataclass(frozen=True)
+class ErrorRow:
+    """How one error class leaves each interface."""
+
+    exit_status: int   # dpsql's command-line status (sysexits.h)
+    sqlstate: str      # PostgreSQL SQLSTATE, for the PostgreSQL-wire server
+    dbapi: str         # the PEP 249 exception class dpsql.dbapi raises (by name)
+    meaning: str       # one line, for `dpsql --help` and the docs
+
+
+EXIT_OK = 0
+EXIT_INTERRUPTED = 130     # Ctrl-C (128 + SIGINT); a release being charged completes first
+EXIT_BROKEN_PIPE = 141     # the reader of stdout went away (128 + SIGPIPE), e.g. `| head`
+EX_USAGE, EX_DATAERR, EX_NOINPUT, EX_UNAVAILABLE, EX_SOFTWARE, EX_TEMPFAIL, EX_NOPERM = (
+    64, 65, 66, 69, 70, 75, 77)
+
+#: THE mapping of every error class to its exit status, SQLSTATE and DB-API class.
+#: Budget exhausted is EX_NOPERM (77): the request is valid (not 65) and retrying does not
+#: help (not 75); only the data owner's budget forbids it. Its SQLSTATE is 53400
+#: configuration_limit_exceeded (class 53, insufficient resources: the owner's configured
+#: limit). A lock held too long is EX_TEMPFAIL (75): retry later; a database that cannot
+#: be opened or fails is EX_UNAVAILABLE (69): retrying will not help without a fix.
+ERROR_TABLE: dict[type, ErrorRow] = {
+    DpsqlError: ErrorRow(EX_DATAERR, "42000", "DatabaseError",
+                         "request refused"),
+    UsageError: ErrorRow(EX_USAGE, "08P01", "InterfaceError",
+                         "usage: unknown option, missing argument, malformed value"),
+    InputFileError: ErrorRow(EX_NOINPUT, "58P01", "OperationalError",
+                             "input file (database, policy, script) missing, a directory, "
+                             "unreadable or not UTF-8"),
+    ParseError: ErrorRow(EX_DATAERR, "42601", "ProgrammingError", "SQL syntax error"),
+    UnsupportedQueryError: ErrorRow(EX_DATAERR, "0A000", "ProgrammingError",
+                                    "SQL outside the allow-list or the domains"),
+    UnknownTableError: ErrorRow(EX_DATAERR, "42P01", "ProgrammingError",
+                                "table not protected"),
+    PolicyError: ErrorRow(EX_DATAERR, "42P17", "ProgrammingError",
+                          "invalid policy (TOML, types, domains, budgets)"),
+    PrivacyParameterError: ErrorRow(EX_DATAERR, "22023", "ProgrammingError",
+                                    "bad privacy setting"),
+    StrategyError: ErrorRow(EX_DATAERR, "22023", "ProgrammingError",
+                            "strategy unknown or unfit"),
+    ScriptError: ErrorRow(EX_DATAERR, "42000", "ProgrammingError",
+                          "script refused (a setting missing, a name taken)"),
+    NoTerminal: ErrorRow(EX_DATAERR, "55000", "OperationalError",
+                         "confirmation needed, no terminal"),
+    SchemaVersionError: ErrorRow(EX_UNAVAILABLE, "55000", "OperationalError",
+                                 "database written by a newer dpsql: upgrade dpsql"),
+    EngineError: ErrorRow(EX_UNAVAILABLE, "58000", "InternalError",
+                          "database cannot be opened or the engine failed"),
+    LockTimeoutError: ErrorRow(EX_TEMPFAIL, "55P03", "OperationalError",
+                               "database busy in another process: try again later"),
+    BudgetExceededError: ErrorRow(EX_NOPERM, "53400", "BudgetExceeded",
+                                  "budget exhausted: nothing was charged"),
+    ScaleRefused: ErrorRow(EX_SOFTWARE, "XX000", "InternalError",
+                           "the kernel refused a noise scale (a dpsql bug; nothing was drawn)"),
+    InternalFailure: ErrorRow(EX_SOFTWARE, "XX000", "InternalError",
+                              "internal error (please report it)"),
+}
+
+
+def error_row(error: BaseException | type) -> ErrorRow:
+    """The table's row for an error (instance or class): its nearest class with a row. A
+    :class:`ScriptError` with a ``cause`` takes its cause's row; anything that is not a
+    :class:`DpsqlError` is an internal failure."""
+    if isinstance(error, BaseException):
+        cause = getattr(error, "cause", None)
+        if isinstance(error, ScriptError) and isinstance(cause, DpsqlError):
+            return error_row(cause)
+        error = type(error)
+    for klass in error.__mro__:
+        if klass in ERROR_TABLE:
+            return ERROR_TABLE[klass]
+    return ERROR_TABLE[InternalFailure]
+
+
+def exit_status(error: BaseException | type) -> int:
+    """The command-line exit status of an error, from :data:`ERROR_TABLE`."""
+    return error_row(error).exit_status
+
+
+def one_line(error: BaseException) -> str:
+    """An error as the interfaces print it: one line; a non-dpsql exception's text is
+    withheld (it could carry data values)."""
+    if not isinstance(error, DpsqlError):
+        return (f"internal error ({type(error).__name__}); details withheld because they "
+                "could contain data; please report it")
+    return re.sub(r"\s*\n\s*", " ", str(error)).strip() or type(error).__name__
+
+
+def exit_statuses_text(width: int = 88) -> str:
+    """The exit statuses, one per line, for ``dpsql --help`` (generated from the table)."""
+    by_status: dict[int, list[str]] = {}
+    for row in ERROR_TABLE.values():
+        by_status.setdefault(row.exit_status, []).append(row.meaning)
+    rows = [(EXIT_OK, "success")]
+    rows += [(status, "; ".join(meanings)) for status, meanings in sorted(by_status.items())]
+    rows.append((EXIT_INTERRUPTED, "interrupted (Ctrl-C)"))
+    rows.append((EXIT_BROKEN_PIPE, "output pipe closed by its reader (e.g. `| head`)"))
+    return "\n".join(textwrap.fill(text, width, initial_indent=f"  {status:>3}  ",
+                                    subsequent_indent=" " * 7) for status, text in rows)
+
+
+# --------------------------------------------------------------------------- input files
+
+def read_input_file(path: str, what: str) -> str:
+    """The text of a user-named file (``what``: "policy file", "script", ...), a UTF-8 byte
+    order mark dropped. Every way it cannot be read is one :class:`InputFileError` naming
+    the problem and the fix; its bytes are never echoed."""
+    shown = repr(str(path))
+    if not os.path.exists(path):
+        raise InputFileError(f"{what} {shown} does not exist; check the path")
+    if os.path.isdir(path):
+        raise InputFileError(f"{what} {shown} is a directory; give the path of a file")
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise InputFileError(f"{what} {shown} cannot be read ({reason}); check its "
+                             "permissions") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputFileError(f"{what} {shown} is not UTF-8 text (invalid byte at offset "
+                             f"{exc.start}); save it as UTF-8") from None
+    return text[1:] if text.startswith("\ufeff") else text

@@ -2,10 +2,20 @@
 
 ``Kernel.release`` (DESIGN.md, step 4):
 
+0. derives the plan's exact sensitivity and checks the noise scale it is given against the
+   cost it will charge (:func:`_checked_scale`); a shortfall raises :class:`ScaleRefused`
+   with nothing charged or read;
 1. charges the ledger, atomically (check and insert in one transaction, committed);
 2. asks the engine for the cell counts ``x`` (one GROUP BY);
 3. computes ``A x`` and adds Gaussian or Laplace noise from the secure sampler;
 4. returns ``y`` and drops ``x``.
+
+The kernel owns noise scales (issue 15): no σ, Laplace ``b``, d_X scale, sensitivity or
+Lipschitz constant computed by a caller is used before the kernel has checked it against
+the charge with exact (or provably conservative) arithmetic. The matrix and d_X Laplace
+releases check before the charge; data-dependent runs (MWEM, d_X MWEM, SmallDB) check each
+step in their oracle before it spends or samples, which can only be after the run's charge.
+Each method's docstring states its privacy argument.
 
 Nothing but ``y`` crosses this boundary: strategies, inference and result writing see only
 ``y``, ``W``, ``A`` and σ. If the charge is refused, nothing was read, released or charged.
@@ -34,10 +44,25 @@ import scipy.sparse as sp
 
 from dpsql.engines import duckdb as engine
 from dpsql.store import ledger
-from dpsql.errors import StrategyError
+from dpsql.errors import ScaleRefused, StrategyError
+from dpsql.noise import verify
+from dpsql.noise.composition import Spend
+from dpsql.noise.gaussian import (exact_zcdp_rho, gaussian_shortfall, sensitivity_with_slack)
+from dpsql.noise.laplace import laplace_shortfall
 from dpsql.noise.samplers import SecureGaussianSampler
 from dpsql.mechanisms.mwem.groups import AllIntervals, CandidateGroups, GroupValues, group_sensitivities
 from dpsql.workload.matrix import EXACT_ROWS, QUANTUM_BITS, Plan, exact_l1_sensitivity
+
+#: a recorded zCDP ρ may overstate the exact one by at most this (relative); above, the
+#: ledger's record does not match the σ used and the release is refused
+RHO_MATCH = Fraction(1, 10**9)
+
+
+def _refuse_if(reason: str | None, what: str, after_charge: bool = False) -> None:
+    if reason is not None:
+        tail = ("; nothing was sampled (the run's charge stays spent)" if after_charge
+                else "; nothing was charged or read")
+        raise ScaleRefused(f"the kernel refuses the {what}: {reason}{tail}")
 
 
 
@@ -74,29 +99,49 @@ class Kernel:
                 request: ledger.Charge, *, mechanism: str = "gaussian") -> Measurement:
         """Charge ``request``, read ``x``, return ``y = A x + noise`` (module docstring).
 
-        ``mechanism`` is ``gaussian`` (``sigma`` is σ, L2 sensitivity) or ``laplace``
-        (``sigma`` is the Laplace scale ``b``, L1 sensitivity; pure ε-DP: ``b ≥ Δ₁/ε``, so
-        for neighbours ``‖A x − A x'‖₁ ≤ Δ₁`` the density ratio is at most e^ε).
+        ``mechanism`` is ``gaussian`` (``sigma`` is σ) or ``laplace`` (``sigma`` is the
+        Laplace scale ``b``). The same call serves a batch answered partly from past
+        releases (reuse): only the new measurements pass here, and they are checked like
+        any other; the old ones are already public (post-processing).
+
+        Privacy argument, checked here before the charge (:meth:`_checked_scale`), never
+        taken from the caller:
+
+        - sensitivity: recomputed from the rounded plan, exactly (largest column L2 / L1
+          norm of ``A``, :func:`~dpsql.workload.matrix.exact_l2_sensitivity`), not read from
+          ``plan.sensitivity``; add/remove one row moves ``A x`` by one column of ``A``;
+        - Gaussian, charged (ε, δ) with calibration ``analytic`` or ``classic``: σ must meet
+          the exact privacy profile (Balle & Wang 2018) at the sensitivity plus the
+          sampler's grid slack at σ, with ε and δ rounded down, and, when the charge says
+          classic, the classic formula too (:func:`~dpsql.noise.gaussian.gaussian_shortfall`);
+          the charge's ρ, as the accountant will read it, must be at least the exact
+          ``Δ'²/2σ²`` and at most 1e-9 above it (the zCDP total is then a true bound);
+        - Laplace, charged (ε, 0): ``(Δ₁ + p·2^k(b)) / b ≤ ε`` in exact rationals
+          (:func:`~dpsql.noise.laplace.laplace_shortfall`): for neighbours
+          ``‖A x − A x'‖₁ ≤ Δ₁`` the density ratio is at most e^ε.
+
+        The sampler is then given the kernel's sensitivity (the secure one also checks
+        OpenDP's own map against it). A shortfall raises :class:`ScaleRefused`: nothing is
+        charged, read or sampled.
         """
         if mechanism not in ("gaussian", "laplace"):
             raise StrategyError(f"internal error: unknown noise mechanism {mechanism!r}")
-        if mechanism == "laplace" and not math.isfinite(plan.l1_sensitivity):
-            raise StrategyError(f"strategy {plan.strategy!r} has no exact L1 sensitivity")
         if not plan.integral or not _on_grid(plan.A):
             raise StrategyError(
                 f"strategy {plan.strategy!r} is not on the exact 2**-20 grid; the kernel "
                 "only releases plans whose products A x are computed exactly")
         if not (np.isfinite(sigma) and sigma > 0):
             raise StrategyError("internal error: the noise scale must be positive and finite")
+        sensitivity = _checked_scale(workload, plan, float(sigma), request, mechanism)
         release_id, names = ledger.charge(con, policy, request)   # committed here
         x = _data_vector(con, policy, workload)
         values = plan.measure(x)
         del x
         if mechanism == "laplace":
-            y, grid = self.sampler.laplace(values, sigma, sensitivity=plan.l1_sensitivity,
+            y, grid = self.sampler.laplace(values, sigma, sensitivity=sensitivity,
                                            epsilon=request.cost.epsilon)
         else:
-            y, grid = self.sampler.sample(values, sigma, sensitivity=plan.sensitivity)
+            y, grid = self.sampler.sample(values, sigma, sensitivity=sensitivity)
         return Measurement(release_id, names, np.asarray(y, dtype=float), sigma, grid,
                            self.private)
 
@@ -104,12 +149,22 @@ class Kernel:
                           request: ledger.Charge) -> Measurement:
         """Charge, read ``x``, return ``y_k = (W x)_k + Laplace(b_k)`` (d_X Laplace).
 
-        Privacy (Kamalaruban et al., d_X-private Laplace): the scales come from
-        :func:`dpsql.mechanisms.dx.scales.dx_laplace_scales`, which verified ``Σ_k |W[k,i] − W[k,j]| / b_k ≤
-        ε·d(i, j)`` for every pair of cells; with independent Laplace noise of scale ``b_k``
-        per query the output densities for neighbours ``i → j`` differ by at most that
-        factor. ``b_k = 0`` marks a query constant over every cell: under change-one
-        neighbours its answer never changes, and it is released exact.
+        Privacy (Kamalaruban et al., d_X-private Laplace). Charged: ``request.metric_epsilon``
+        = ε per unit distance, to the metric budget (standard ε, δ = 0). The scales ``b``
+        come from the caller's convex program
+        (:func:`dpsql.mechanisms.dx.scales.dx_laplace_scales`); the kernel does not trust
+        them: before the charge it builds the cell metric itself from the declared policy
+        (:func:`dpsql.policy.metric.cell_distance_graph`) and verifies, on every edge
+        ``(u, v)`` of the connected cell graph, ``Σ_k |W[k,u] − W[k,v]| / b_k ≤ ε·d(u, v)``
+        with exact integer differences and float sums rounded against the caller
+        (:func:`dpsql.noise.verify.dx_scales_shortfall`). Edges suffice (the loss is a
+        pseudometric; the graph's path metric is the cell metric). With independent Laplace
+        noise of scale ``b_k`` per query (on the sampler's lattice, which holds every
+        ``(W x)_k``, so no rounding) the output densities for neighbours ``u → v`` differ
+        by at most that factor. ``b_k = 0`` marks a query equal on both ends of every
+        edge, i.e. constant over every cell: under change-one neighbours its answer never
+        changes, and it is released exact. A shortfall raises :class:`ScaleRefused` with
+        nothing charged or read.
         """
         W = sp.csr_matrix(workload.W)
         scales = np.asarray(scales, dtype=float).reshape(-1)
@@ -117,6 +172,12 @@ class Kernel:
             raise StrategyError("internal error: one finite scale >= 0 per query is needed")
         if not _on_grid(W):
             raise StrategyError("internal error: the workload is not on the exact grid")
+        eps = Fraction(request.metric_epsilon) if isinstance(request, ledger.Charge) \
+            and request.metric_epsilon is not None else None
+        _check_metric_charge(request, eps)
+        graph = _cell_graph(policy, workload)
+        _refuse_if(verify.dx_scales_shortfall(W, scales, graph.i, graph.j, graph.d,
+                                              graph.n_cells, eps), "d_X Laplace release")
         release_id, names = ledger.charge(con, policy, request)   # committed here
         x = _data_vector(con, policy, workload)
         values = np.asarray(W @ x, dtype=float).reshape(-1)
@@ -137,6 +198,14 @@ class Kernel:
         oracle then answers ``select`` (exponential mechanism) and ``measure`` (Laplace)
         calls and refuses any call that would take the total spent past ``epsilon``. By
         basic composition of these pure-DP steps the run is ``epsilon``-DP.
+
+        Scales: each step's sensitivity and Laplace scale are derived inside the oracle from
+        the rows asked for and the step's ε, then verified by the kernel's own exact checks
+        before that step samples (see :class:`MeasureOracle`). These checks can only run
+        after the charge: which rows a step measures depends on earlier noisy outputs, so
+        they are not known before the run. A refused step aborts the run with nothing
+        sampled in that step; the charge stays spent (as for any failure after the charge:
+        no free retries), and nothing is published.
 
         ``blocks`` lists each block's compiled workload (its columns and cells);
         ``algorithm(oracle)`` returns the result. Returns ``(release_id, names, result,
@@ -162,22 +231,95 @@ class Kernel:
         a :class:`MetricMeasureOracle`, which refuses to spend past ``epsilon_per_unit``; by
         composition of d_X privacy (Kamalaruban et al., Fact 1: losses per pair add up) the run
         is d_X-private at ``epsilon_per_unit``. Returns ``(release_id, names, result, private)``.
+
+        The cell metrics are the kernel's own, built from the declared policy before the
+        charge; ``graphs`` given by the caller must equal them (else :class:`ScaleRefused`,
+        nothing charged). Each step's Lipschitz constant and Laplace scale are verified on
+        the edges of those metrics before it samples (:class:`MetricMeasureOracle`); as for
+        :meth:`release_adaptive` this can only happen after the charge (the rows depend on
+        earlier noisy outputs), and a refused step aborts the run with its charge spent.
         """
         eps = Fraction(epsilon_per_unit)
-        if request.metric_epsilon is None or Fraction(request.metric_epsilon) != eps \
-                or request.cost.epsilon != 0 or request.cost.delta != 0:
-            raise StrategyError("internal error: a metric release charges exactly its ε per unit "
-                                "distance to the metric budget, and nothing else")
+        _check_metric_charge(request, eps)
         if len(graphs) != len(blocks):
             raise StrategyError("internal error: one cell metric per block is needed")
+        own = [_cell_graph(policy, workload) for workload in blocks]
+        for given, mine in zip(graphs, own):
+            if not _same_graph(given, mine):
+                _refuse_if("the cell metric given differs from the policy's",
+                           "d_X data-dependent release")
         release_id, names = ledger.charge(con, policy, request)   # committed here
         xs = [_data_vector(con, policy, workload) for workload in blocks]
-        oracle = MetricMeasureOracle(xs, graphs, self.sampler, eps)
+        oracle = MetricMeasureOracle(xs, own, self.sampler, eps)
         try:
             result = algorithm(oracle)
         finally:
             oracle.close()
         return release_id, names, result, self.private
+
+
+def _checked_scale(workload, plan: Plan, sigma: float, request: ledger.Charge,
+                   mechanism: str) -> float:
+    """The plan's exact sensitivity, once σ (or b) and the charge are verified against it
+    (:meth:`Kernel.release`); raises :class:`ScaleRefused` otherwise. Public inputs only."""
+    what = f"{mechanism} release of strategy {plan.strategy!r}"
+    if not isinstance(request, ledger.Charge):
+        raise StrategyError("internal error: a release needs its ledger Charge")
+    if request.mechanism != mechanism:
+        _refuse_if(f"the charge records mechanism {request.mechanism!r}", what)
+    n_cols = plan.n if plan.A is None else plan.A.shape[1]
+    if n_cols != workload.n_cells:
+        _refuse_if(f"the plan covers {n_cols} cells, the workload {workload.n_cells}", what)
+    p = plan.n_measurements
+    if request.sigma is not None and float(request.sigma) != sigma:
+        _refuse_if(f"the charge records scale {request.sigma!r} but {sigma!r} was given",
+                   what)
+    cost = request.cost
+    if mechanism == "laplace":
+        if cost.delta != 0:
+            _refuse_if("a Laplace release is pure: its charge must have delta = 0", what)
+        sensitivity = 1.0 if plan.A is None else exact_l1_sensitivity(plan.A)
+        _refuse_if(laplace_shortfall(sigma, cost.epsilon, sensitivity, p), what)
+        return sensitivity
+    sensitivity = 1.0 if plan.A is None else verify.exact_l2_norm(plan.A)
+    _refuse_if(gaussian_shortfall(sigma, cost.epsilon, cost.delta, sensitivity, p,
+                                  request.calibration), what)
+    need = exact_zcdp_rho(sigma, sensitivity_with_slack(sigma, sensitivity, p))
+    if request.rho is None:
+        _refuse_if("a Gaussian charge must record its zCDP rho", what)
+    counted = Spend.of(cost.epsilon, cost.delta, mechanism, request.rho).rho
+    if counted is None or counted < need:
+        _refuse_if(f"the charge records rho={request.rho!r}, below the exact "
+                   f"{float(need)!r} of sigma={sigma!r}", what)
+    if Fraction(request.rho) > need * (1 + RHO_MATCH):
+        _refuse_if(f"the charge records rho={request.rho!r}, not the {float(need)!r} of "
+                   f"sigma={sigma!r}", what)
+    return sensitivity
+
+
+def _cell_graph(policy, workload):
+    """The kernel's own cell metric of a block, from the declared policy (public)."""
+    from dpsql.policy.metric import cell_distance_graph
+
+    if getattr(policy, "metric", None) is None:
+        raise StrategyError(f"table {policy.table!r} declares no metric model")
+    return cell_distance_graph(policy.metric, workload.partitions, policy)
+
+
+def _check_metric_charge(request: ledger.Charge, eps: Fraction) -> None:
+    if not isinstance(request, ledger.Charge) or request.metric_epsilon is None \
+            or Fraction(request.metric_epsilon) != eps \
+            or request.cost.epsilon != 0 or request.cost.delta != 0:
+        raise StrategyError("internal error: a metric release charges exactly its ε per unit "
+                            "distance to the metric budget, and nothing else")
+
+
+def _same_graph(given, mine) -> bool:
+    """Whether the caller's cell metric is the kernel's own (same edges, same lengths)."""
+    return (all(hasattr(given, k) for k in ("i", "j", "d", "shape"))
+            and tuple(given.shape) == tuple(mine.shape)
+            and np.array_equal(given.i, mine.i) and np.array_equal(given.j, mine.j)
+            and np.array_equal(given.d, mine.d))
 
 
 def _data_vector(con, policy, workload) -> np.ndarray:
@@ -204,6 +346,13 @@ class MeasureOracle:
       secure sampler selects with probability ∝ exp(ε' · score / (2 Δ)): ε'-DP.
     - :meth:`measure`: Laplace noise with scale ``b = Δ₁(rows)/ε'`` (exact L1 sensitivity):
       ε'-DP.
+
+    Scales: the selection's sensitivity is verified by exact integer column sums
+    (:func:`dpsql.noise.verify.group_l1_shortfall`) and the measurement's ``b`` by the exact
+    condition ``(Δ₁ + p·2^k(b)) / b ≤ ε'`` (:func:`dpsql.noise.laplace.laplace_shortfall`)
+    before the step spends or samples; a shortfall raises :class:`ScaleRefused`. (The
+    exponential mechanism's temperature ``2Δ/ε'`` is derived by the kernel's sampler from
+    the verified Δ and the step's ε'; :meth:`select_interval`'s sensitivity is the constant 1.)
     - :meth:`select_interval`: the exponential mechanism over *every* range of an ordered
       block (MWEM's :class:`~dpsql.mechanisms.mwem.core.RangeBlock`), never listed; ε'-DP (see there).
     """
@@ -219,7 +368,8 @@ class MeasureOracle:
         self._xs = []
         self._cache = {}
 
-    def _spend(self, epsilon) -> Fraction:
+    def _affordable(self, epsilon) -> Fraction:
+        """The step's ε, exactly, if it fits in what is left (nothing is spent yet)."""
         eps = Fraction(epsilon)
         if eps <= 0:
             raise StrategyError("internal error: a measurement must spend epsilon > 0")
@@ -227,8 +377,22 @@ class MeasureOracle:
             raise StrategyError(
                 f"internal error: the algorithm asked for more than its charged epsilon "
                 f"({float(self.spent + eps)!r} > {float(self.budget)!r}); refusing")
+        return eps
+
+    def _spend(self, epsilon) -> Fraction:
+        eps = self._affordable(epsilon)
         self.spent += eps
         return eps
+
+    def _verified_laplace(self, eps: Fraction, sensitivity: float, size: int,
+                          what: str) -> float:
+        """The Laplace scale of a step (:func:`dpsql.noise.laplace.laplace_scale`), verified
+        by the exact condition ``(Δ + p·2^k(b)) / b ≤ ε`` before it is used."""
+        from dpsql.noise.laplace import laplace_scale
+
+        b = laplace_scale(eps, sensitivity, size)
+        _refuse_if(laplace_shortfall(b, eps, sensitivity, size), what, after_charge=True)
+        return b
 
     def _x(self, block: int) -> np.ndarray:
         if not self._xs:
@@ -269,11 +433,16 @@ class MeasureOracle:
         """``groups`` is a :class:`dpsql.mechanisms.mwem.groups.CandidateGroups` (rows of one matrix)."""
         values, penalties, answers = self._selection_inputs(block, groups, estimates,
                                                             penalties)
-        # the sensitivity is recomputed here, from the rows, never taken from the caller
+        # the sensitivity is recomputed here, from the rows, never taken from the caller,
+        # and verified exactly (integer column sums) before it sets the temperature
         sensitivity = float(group_sensitivities(groups.W, groups.starts, groups.stops).max())
         if not sensitivity > 0:
             raise StrategyError("internal error: every candidate group is empty")
-        eps = self._spend(epsilon)
+        eps = self._affordable(epsilon)
+        _refuse_if(verify.group_l1_shortfall(groups.W, groups.starts, groups.stops,
+                                             sensitivity), "MWEM selection",
+                   after_charge=True)
+        eps = self._spend(eps)
         diff = np.abs(values - answers)
         scores = np.add.reduceat(diff, groups.offsets[:-1]) - penalties
         return int(self._sampler.exponential(scores, eps, sensitivity=sensitivity))
@@ -324,15 +493,14 @@ class MeasureOracle:
         return int(lo), int(hi)
 
     def measure(self, block: int, rows, epsilon) -> tuple[np.ndarray, float]:
-        from dpsql.noise.laplace import laplace_scale
-
         x = self._x(block)
         R = self._checked(x, rows)
         sensitivity = exact_l1_sensitivity(R)
         if not sensitivity > 0:
             raise StrategyError("internal error: nothing to measure")
-        eps = self._spend(epsilon)
-        b = laplace_scale(eps, sensitivity, R.shape[0])
+        eps = self._affordable(epsilon)
+        b = self._verified_laplace(eps, sensitivity, R.shape[0], "MWEM measurement")
+        eps = self._spend(eps)
         y, _ = self._sampler.laplace(np.asarray(R @ x, dtype=float), b,
                                      sensitivity=sensitivity, epsilon=eps)
         return np.asarray(y, dtype=float), b
@@ -360,6 +528,14 @@ class MetricMeasureOracle(MeasureOracle):
       ε_i·d(i, j)`` (Kamalaruban et al., Proposition 1).
     - :meth:`select_synthetic`: SmallDB's selection over candidate histograms.
 
+    Scales: every Lipschitz constant ``c`` above (computed by
+    :class:`dpsql.mechanisms.dx.mechanisms.PairDifferences`) is verified on each edge of the
+    block's cell metric with exact integer differences, ``Σ_r |R[r,i] − R[r,j]| ≤ c·d(i, j)``
+    (``max_r`` for SmallDB; :func:`dpsql.noise.verify.metric_lipschitz_shortfall`), and the
+    Laplace ``b`` by ``(c + p·2^k(b)) / b ≤ ε_i`` exactly, before the step spends or
+    samples; a shortfall raises :class:`ScaleRefused`. The exponential mechanism's
+    temperature ``2c/ε_i`` is derived by the kernel's sampler from the verified ``c``.
+
     When no candidate (or measured row) depends on the cells (``c = 0``: they count the same
     on every cell, so under change-one neighbours their answers never change) any scale is
     private; the oracle then uses ``1 / d_min`` so that MWEM's bookkeeping stays finite.
@@ -372,11 +548,29 @@ class MetricMeasureOracle(MeasureOracle):
         if len(graphs) != len(self._xs):
             raise StrategyError("internal error: one cell metric per block is needed")
         self._pairs = [metric_pairs(g) for g in graphs]
+        for I, J, _, n in self._pairs:
+            if not verify.is_connected(n, I, J):
+                raise StrategyError("internal error: a block's cell graph is not connected")
         self._diffs: dict = {}
+        self._exact: dict = {}
 
     def close(self) -> None:
         super().close()
         self._diffs = {}
+        self._exact = {}
+
+    def _lipschitz_shortfall(self, block: int, S, c: float, what: str, cache: bool = True,
+                             **form) -> None:
+        """Verify ``c`` on the block's edges with exact integer differences (kept per
+        matrix for the run, like :meth:`_differences`); refuse on a shortfall."""
+        I, J, d, n = self._pairs[int(block)]
+        key = (int(block), id(S))
+        if cache and key not in self._exact:
+            self._exact[key] = (S, verify.edge_differences(S, I, J) if len(I) else None)
+        diffs = self._exact[key][1] if cache else None
+        _refuse_if(verify.metric_lipschitz_shortfall(S, I, J, d, n, c, diffs=diffs,
+                                                     connected=True, **form),
+                   what, after_charge=True)
 
     def _differences(self, block: int, W):
         from dpsql.mechanisms.dx.mechanisms import PairDifferences
@@ -400,22 +594,27 @@ class MetricMeasureOracle(MeasureOracle):
                                                             penalties)
         c = self._differences(block, groups.W).groups(groups.starts, groups.stops).max()
         c = self._positive(block, c)
-        eps = self._spend(epsilon)
+        eps = self._affordable(epsilon)
+        self._lipschitz_shortfall(block, groups.W, c, "d_X MWEM selection", form="sum",
+                                  starts=groups.starts, stops=groups.stops)
+        eps = self._spend(eps)
         diff = np.abs(values - answers)
         scores = np.add.reduceat(diff, groups.offsets[:-1]) - penalties
         return dx_exponential(scores, eps, c, sampler=self._sampler)
 
     def measure(self, block: int, rows, epsilon) -> tuple[np.ndarray, float]:
         from dpsql.mechanisms.dx.mechanisms import PairDifferences
-        from dpsql.noise.laplace import laplace_scale
 
         x = self._x(block)
         R = self._checked(x, rows)
         if R.shape[0] == 0:
             raise StrategyError("internal error: nothing to measure")
         c = self._positive(block, PairDifferences(R, self._pairs[int(block)]).total())
-        eps = self._spend(epsilon)
-        b = laplace_scale(eps, c, R.shape[0])
+        eps = self._affordable(epsilon)
+        self._lipschitz_shortfall(block, R, c, "d_X MWEM measurement", cache=False,
+                                  form="sum")
+        b = self._verified_laplace(eps, c, R.shape[0], "d_X MWEM measurement")
+        eps = self._spend(eps)
         y, _ = self._sampler.laplace(np.asarray(R @ x, dtype=float), b, sensitivity=c,
                                      epsilon=eps)
         return np.asarray(y, dtype=float), b
@@ -448,7 +647,10 @@ class MetricMeasureOracle(MeasureOracle):
                                 f"{size} records over the block's {x.size} cells")
         diffs = self._differences(block, W)
         c = self._positive(block, float(diffs.rows().max(initial=0.0)))
+        eps = self._affordable(epsilon)
+        self._lipschitz_shortfall(block, Wc, c, "d_X SmallDB selection", cache=False,
+                                  form="max")
         sensitivity = math.nextafter(c * size, math.inf)
-        eps = self._spend(epsilon)
+        eps = self._spend(eps)
         scores = smalldb_scores(Wc, x, Y, size, total)
         return dx_exponential(scores, eps, sensitivity, sampler=self._sampler)

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from dpsql.errors import DpsqlError, PolicyError, PrivacyParameterError, StrategyError
+from dpsql.errors import PolicyError, UnknownTableError
 from dpsql.kernel import Kernel
-from dpsql.mechanisms import catalog
-from dpsql.noise.accounting import validate_delta, validate_epsilon
 from dpsql.policy.policy import TablePolicy, load_policy
 from dpsql.release import mechanism
 from dpsql.release import path as release_path
@@ -25,10 +23,9 @@ from dpsql.sql.compile import Workload
 from dpsql.store import database as engine
 from dpsql.store import ledger
 from dpsql.store.results import Explanation, Release
+from dpsql.request import SETTINGS, Request
 
-__all__ = ["CALIBRATIONS", "InterruptedAfterRelease", "Session", "connect", "request_matches"]
-
-CALIBRATIONS = ("analytic", "classic")
+__all__ = ["InterruptedAfterRelease", "Session", "connect", "request_matches"]
 
 
 class Session:
@@ -37,10 +34,9 @@ class Session:
     def __init__(self, path: str = ":memory:", *, lock_timeout: float = 30.0, sampler=None,
                  reuse: bool = True):
         """``reuse``: the default of :meth:`answer`'s and :meth:`explain`'s ``reuse``."""
-        _check_flags(reuse=reuse)
+        self.reuse = SETTINGS["reuse"].parse(reuse)
         self.db = engine.Database(path, lock_timeout=lock_timeout)
         self.kernel = Kernel(sampler)
-        self.reuse = reuse
 
     # ------------------------------------------------------------------ data owner
     def protect(self, table: str, policy, *, replace: bool = False) -> TablePolicy:
@@ -50,7 +46,8 @@ class Session:
         tp = load_policy(policy, table)[table.lower()]
         with self.db.connect() as con:
             if not engine.table_exists(con, tp.table):
-                raise PolicyError(f"there is no table {tp.table!r} in the database to protect")
+                raise UnknownTableError(f"there is no table {tp.table!r} in the database to "
+                                        "protect; load the data first, or check the name")
             present = engine.table_columns(con, tp.table)
             missing = [c for c in tp.column_names if c not in present]
             if missing:
@@ -77,8 +74,10 @@ class Session:
         Accuracy first: give ``target_rmse`` (the batch's expected RMSE) or ``max_stderr``
         (every answer's standard error) instead of ``epsilon``, and the explanation is for
         the smallest ε (at this δ, three significant digits) that meets it."""
-        ask = self._ask(sql, epsilon, delta, strategy, calibration, model, target_rmse,
-                        max_stderr, reuse, release=False)
+        r = Request(sql, epsilon=epsilon, delta=delta, strategy=strategy,
+                    calibration=calibration, model=model, target_rmse=target_rmse,
+                    max_stderr=max_stderr, reuse=self.reuse if reuse is None else reuse)
+        ask = Ask(r, release=False)
         with self.db.connect() as con:
             return release_path.explain(self._public(con), ask)
 
@@ -108,27 +107,14 @@ class Session:
 
         Every mechanism goes through the one release path (:mod:`dpsql.release.path`).
         """
-        ask = self._ask(sql, epsilon, delta, strategy, calibration, model, target_rmse,
-                        max_stderr, reuse, replace=replace, name=name, confirm=confirm,
-                        nonnegative=nonnegative, integer=integer)
+        ask = Ask(Request(sql, epsilon=epsilon, delta=delta, strategy=strategy,
+                          calibration=calibration, model=model, target_rmse=target_rmse,
+                          max_stderr=max_stderr, confirm=confirm, nonnegative=nonnegative,
+                          integer=integer, reuse=self.reuse if reuse is None else reuse,
+                          name=name, replace=replace))
         done: list = []      # the Release, once built (a late Ctrl-C still reports it)
         with _completed_on_interrupt(done), self.db.connect() as con:
             return release_path.answer(self._public(con), self.kernel, ask, self._write, done)
-
-    def _ask(self, sql, epsilon, delta, strategy, calibration, model, target_rmse,
-             max_stderr, reuse, **given) -> Ask:
-        """The request, validated (nothing is read yet)."""
-        reuse = self.reuse if reuse is None else reuse
-        _check_flags(**{k: given[k] for k in ("nonnegative", "integer") if k in given},
-                     reuse=reuse, **{k: given[k] for k in ("confirm",) if k in given})
-        objective = self._objective(epsilon, target_rmse, max_stderr, model, strategy)
-        eps, dlt = self._privacy(1 if objective else epsilon, delta, calibration)
-        name = given.get("name")
-        if name is not None and (not isinstance(name, str) or not name.strip()):
-            raise DpsqlError("a release name must be a non-empty string")
-        text = sql if isinstance(sql, str) else ";\n".join(sql)
-        return Ask(sql, text, eps, dlt, strategy, calibration, model, objective,
-                   reuse=reuse, **given)
 
     def _public(self, con) -> Public:
         return Public(con, ledger.load_policies(con), self.kernel.private)
@@ -144,17 +130,24 @@ class Session:
             policies = ledger.load_policies(con)
             if table is not None:
                 if table.lower() not in policies:
-                    raise PolicyError(f"table {table!r} is not protected")
+                    raise UnknownTableError(f"table {table!r} is not protected; `dpsql "
+                                            "budget DB` lists the protected tables")
                 policies = {table.lower(): policies[table.lower()]}
             out = {}
             for name, p in policies.items():
-                used = ledger.spent(con, name)
-                left = ledger.remaining(p, used)
+                reading = ledger.total(con, p)
+                used = reading.reported(p.budget)
+                left = ledger.remaining(p, reading)
                 out[name] = {
-                    "accounting": ledger.accounting_method(con, name),
+                    "accounting": reading.method,
                     "epsilon_limit": p.epsilon, "delta_limit": p.delta,
                     "epsilon_spent": used.epsilon, "delta_spent": used.delta,
                     "epsilon_remaining": left.epsilon, "delta_remaining": left.delta,
+                    # the two routes of the filter (docs/accounting.md)
+                    "zcdp_delta": p.zcdp_delta,
+                    "basic_epsilon": reading.basic.epsilon, "basic_delta": reading.basic.delta,
+                    "basic_delta_limit": p.budget.basic_delta,
+                    "rho_spent": reading.rho, "zcdp_epsilon": reading.zcdp_epsilon,
                 }
                 if p.metric is not None:
                     used_metric = ledger.spent_metric(con, name)
@@ -179,23 +172,6 @@ class Session:
 
     # ------------------------------------------------------------------ internals
     @staticmethod
-    def _privacy(epsilon, delta, calibration):
-        eps = validate_epsilon(epsilon)
-        dlt = validate_delta(delta)
-        if calibration not in CALIBRATIONS:
-            raise PrivacyParameterError(
-                f"calibration must be one of {CALIBRATIONS}, got {calibration!r}")
-        if calibration == "classic" and dlt == 0:
-            raise PrivacyParameterError(
-                "calibration='classic' is a Gaussian calibration, and delta = 0 asks for pure "
-                "epsilon-DP (Laplace noise); drop the calibration or use delta > 0")
-        if calibration == "classic" and eps >= 1:
-            raise PrivacyParameterError(
-                "the classic Gaussian calibration is only valid for epsilon < 1; "
-                "use calibration='analytic'")
-        return eps, dlt
-
-    @staticmethod
     def _parse(sql, policies) -> tuple[TablePolicy, list]:
         return mechanism.parse_request(sql, policies)
 
@@ -203,38 +179,11 @@ class Session:
     def _compile(sql, policies) -> tuple[TablePolicy, list, Workload]:
         return mechanism.compile_request(sql, policies)
 
-    @staticmethod
-    def _model(model, dlt, strategy) -> str:
-        return release_path.check_model(model, dlt, strategy)
-
     def _explain_metric(self, policies, sql, eps, strategy):
         """The explanation of a metric (d_X) request (public only)."""
-        ask = Ask(sql, "", eps, 0, strategy, model="metric", release=False)
+        ask = Ask(Request(sql, epsilon=eps, delta=0, strategy=strategy, model="metric"),
+                  release=False)
         return release_path.explain(Public(None, policies, self.kernel.private), ask)
-
-    @staticmethod
-    def _objective(epsilon, target_rmse, max_stderr, model, strategy):
-        """(objective, target) of an accuracy-first request, or None."""
-        given = [(k, v) for k, v in (("rmse", target_rmse), ("max_stderr", max_stderr))
-                 if v is not None]
-        if not given:
-            if epsilon is None:
-                raise PrivacyParameterError("give epsilon, or an accuracy target "
-                                            "(target_rmse= or max_stderr=)")
-            return None
-        if len(given) > 1 or epsilon is not None:
-            raise PrivacyParameterError("give exactly one of epsilon, target_rmse and "
-                                        "max_stderr")
-        if model != "dp" or catalog.is_mwem(strategy):
-            raise StrategyError("accuracy targets apply to the matrix mechanism (model 'dp', "
-                                "not mwem): its error is known before the release")
-        return given[0]
-
-
-def _check_flags(**flags) -> None:
-    for flag, value in flags.items():
-        if not isinstance(value, bool):
-            raise DpsqlError(f"{flag} must be True or False, got {value!r}")
 
 
 def connect(path: str = ":memory:", **kwargs) -> Session:

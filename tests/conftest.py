@@ -51,8 +51,9 @@ def raw_adult_file() -> str:
 
 
 def make_adult_db(path: str, *, epsilon=1.0, delta=1e-5, protect=True, sampler=None,
-                  reuse=True):
-    """Create ``path`` with table ``adult``; return a dpsql session (policy applied)."""
+                  reuse=True, zcdp_delta=None):
+    """Create ``path`` with table ``adult``; return a dpsql session (policy applied; the
+    policy's default ``zcdp_delta`` unless one is given)."""
     import shutil
 
     import dpsql
@@ -61,6 +62,8 @@ def make_adult_db(path: str, *, epsilon=1.0, delta=1e-5, protect=True, sampler=N
     db = dpsql.connect(path, sampler=sampler, reuse=reuse)
     if protect:
         policy = dict(ADULT_POLICY, epsilon=epsilon, delta=delta)
+        if zcdp_delta is not None:
+            policy["zcdp_delta"] = zcdp_delta
         db.protect("adult", policy)
     return db
 

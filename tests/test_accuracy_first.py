@@ -45,11 +45,11 @@ def test_answer_spends_only_when_confirmed(adult_db):
 
 def test_bad_accuracy_requests_are_refused(adult_db):
     before = snapshot(adult_db)
-    with pytest.raises(PrivacyParameterError, match="exactly one"):
+    with pytest.raises(PrivacyParameterError, match="epsilon and target_rmse are both given"):
         adult_db.explain(SQL, epsilon=0.5, delta=1e-6, target_rmse=50)
     with pytest.raises(PrivacyParameterError, match="give epsilon"):
         adult_db.explain(SQL, delta=1e-6)
-    with pytest.raises(StrategyError, match="positive"):
+    with pytest.raises(PrivacyParameterError, match="target_rmse must be a positive number"):
         adult_db.explain(SQL, delta=1e-6, target_rmse=-1)
     with pytest.raises(StrategyError, match="no strategy reaches"):
         adult_db.explain(SQL, delta=1e-6, target_rmse=1e-6)

@@ -42,7 +42,6 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dpsql.store import database as engine
 
 from dpsql.engines import duckdb as data_engine
 from dpsql.noise.gaussian import analytic_gaussian_sigma, calibrate_with_rounding

@@ -34,7 +34,7 @@ def test_demo_runs_from_the_packaged_data(tmp_path):
     assert con.execute("SELECT count(*) FROM demo_income").fetchone()[0] == 18
     con.close()
     again = dpsql("demo", "--db", tmp_path / "demo.duckdb")
-    assert again.returncode == 2 and "already exists" in again.stderr
+    assert again.returncode == 65 and "already exists" in again.stderr
 
 
 def test_protect_explain_run_budget_ledger(tmp_path):
@@ -59,29 +59,29 @@ def test_protect_explain_run_budget_ledger(tmp_path):
     assert out.returncode == 0 and "adult" in out.stdout and "0.5" in out.stdout
     out = dpsql("ledger", db)
     assert out.returncode == 0 and "by_sex" in out.stdout
-    # over budget: one clear line, exit 2, no traceback, nothing charged
+    # over budget: one clear line, exit 77 (budget exhausted), no traceback, nothing charged
     out = dpsql("run", db, "-", "--epsilon", 0.6, "--delta", 1e-6, stdin="SELECT COUNT(*) FROM adult")
-    assert out.returncode == 2
+    assert out.returncode == 77
     assert out.stderr.startswith("error: budget exceeded") and "Traceback" not in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
     # a forbidden statement is refused with its position
     out = dpsql("run", db, "-", "--epsilon", 0.1, "--delta", 1e-6,
                 stdin="SELECT COUNT(*) FROM adult;\nDROP TABLE adult")
-    assert out.returncode == 2 and "DROP" in out.stderr and "line 2" in out.stderr
+    assert out.returncode == 65 and "DROP" in out.stderr and "line 2" in out.stderr
     out = dpsql("budget", db)
     assert "0.5" in out.stdout
 
 
 def test_missing_database_is_a_clear_error(tmp_path):
     out = dpsql("budget", tmp_path / "nope.duckdb")
-    assert out.returncode == 2 and "does not exist" in out.stderr
+    assert out.returncode == 66 and "does not exist" in out.stderr
 
 
 def test_shell_subcommand_is_wired(tmp_path):
     out = dpsql("shell", "--help")
     assert out.returncode == 0 and "--epsilon" in out.stdout
     out = dpsql("shell", tmp_path / "missing.duckdb", "-e", "\\budget")
-    assert out.returncode == 2 and "does not exist" in out.stderr
+    assert out.returncode == 66 and "does not exist" in out.stderr
 
 
 METRIC_POLICY = POLICY + """
@@ -112,7 +112,7 @@ def test_pure_dp_strategy_specs_and_the_metric_model(tmp_path):
     assert out.returncode == 0 and "eigen(principal_vectors=2)" in out.stdout, out.stderr
     out = dpsql("run", db, "-", "--epsilon", 0.5, "--delta", 1e-6, "--strategy",
                 "eigen(principal_vectors=-2)", stdin=AGE_RANGES)
-    assert out.returncode == 2 and out.stderr.startswith("error: strategy spec ")
+    assert out.returncode == 65 and out.stderr.startswith("error: strategy spec ")
     assert "principal_vectors" in out.stderr and len(out.stderr.strip().splitlines()) == 1
     # pure epsilon-DP (delta 0), then a metric release charged to the metric budget
     out = dpsql("run", db, "-", "--epsilon", 0.25, "--delta", 0, "--quiet", stdin=AGE_RANGES)
@@ -130,7 +130,7 @@ def test_pure_dp_strategy_specs_and_the_metric_model(tmp_path):
     assert "laplace" in out.stdout and "dx_laplace" in out.stdout
     out = dpsql("run", db, "-", "--epsilon", 0.5, "--delta", 0, "--model", "sideways",
                 stdin=AGE_RANGES)
-    assert out.returncode == 2 and "--model" in out.stderr
+    assert out.returncode == 65 and "--model" in out.stderr
 
 
 def test_accuracy_first_options_are_wired(tmp_path):
@@ -151,12 +151,12 @@ def test_accuracy_first_options_are_wired(tmp_path):
     out = dpsql("explain", db, "-", "--delta", 1e-6, "--target-rmse", 60, stdin=sql)
     assert out.returncode == 0 and "the smallest epsilon for target_rmse = 60" in out.stdout
     out = dpsql("run", db, "-", "--delta", 1e-6, "--target-rmse", 60, stdin=sql)
-    assert out.returncode == 2 and out.stderr.startswith("error: workload 1 (line 1) asks "
+    assert out.returncode == 65 and out.stderr.startswith("error: workload 1 (line 1) asks "
                                                          "for target_rmse = 60, which needs")
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
     out = dpsql("shell", db, "--delta", 1e-6, "--target-rmse", 60, "-e", sql + ";",
                 stdin="")
-    assert out.returncode == 2 and "no terminal to confirm on" in out.stderr
+    assert out.returncode == 65 and "no terminal to confirm on" in out.stderr
     assert len(dpsql("ledger", db).stdout.strip().splitlines()) == 2   # header only
     out = dpsql("shell", db, "--delta", 1e-6, "--target-rmse", 60, "--confirm", "-e",
                 sql + ";", stdin="")

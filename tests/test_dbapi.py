@@ -21,7 +21,7 @@ import pytest
 from dpsql.interfaces import dbapi
 from dpsql.errors import (BudgetExceededError, DpsqlError, EngineError, LockTimeoutError,
                           ParseError, PolicyError, PrivacyParameterError, StrategyError,
-                          UnsupportedQueryError)
+                          UnknownTableError, UnsupportedQueryError)
 from dpsql.session import InterruptedAfterRelease
 
 from .conftest import ADULT_POLICY, ROOT, make_adult_db, snapshot
@@ -481,7 +481,7 @@ def test_commit_is_a_no_op_and_rollback_explains(conn):
 @pytest.mark.parametrize("sql, cause", [
     ("SELEC COUNT(*) FROM adult", ParseError),
     ("SELECT COUNT(*) FROM adult a JOIN adult b ON a.age = b.age", UnsupportedQueryError),
-    ("SELECT COUNT(*) FROM people", UnsupportedQueryError),
+    ("SELECT COUNT(*) FROM people", UnknownTableError),
     ("SELECT COUNT(*) FROM adult WHERE hours_per_week > 30", UnsupportedQueryError),
     ("DROP TABLE adult", UnsupportedQueryError),
 ])

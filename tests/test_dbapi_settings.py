@@ -44,22 +44,22 @@ def test_accuracy_and_flag_settings_are_validated_together(conn):
                            (dict(epsilon=None, target_rmse=50, max_stderr=9), "both given"),
                            (dict(epsilon=None, target_rmse=50, delta=0, strategy="mwem"),
                             "accuracy targets apply to the matrix mechanism"),
-                           (dict(confirm="yes"), "confirm must be True or False"),
-                           (dict(nonnegative=1), "nonnegative must be True or False"),
-                           (dict(integer=None), "integer must be True or False"),
-                           (dict(reuse="no"), "reuse must be True or False"),
-                           (dict(reuse=0), "reuse must be True or False")]:
+                           (dict(confirm="yes"), "confirm must be true or false"),
+                           (dict(nonnegative=1), "nonnegative must be true or false"),
+                           (dict(integer=None), "integer must be true or false"),
+                           (dict(reuse="no"), "reuse must be true or false"),
+                           (dict(reuse=0), "reuse must be true or false")]:
         with pytest.raises(dbapi.ProgrammingError, match=match):
             conn.configure(**changes)
     with pytest.raises(dbapi.ProgrammingError, match="both given"):
         conn.max_stderr = 10
-    with pytest.raises(dbapi.ProgrammingError, match="reuse must be True or False"):
+    with pytest.raises(dbapi.ProgrammingError, match="reuse must be true or false"):
         conn.reuse = "off"
     assert (conn.epsilon, conn.target_rmse, conn.confirm, conn.nonnegative, conn.reuse) == (
         0.1, None, False, False, True)
     with pytest.raises(dbapi.ProgrammingError, match="epsilon and max_stderr are both given"):
         dbapi.connect(conn.session.db.path, epsilon=0.1, delta=1e-6, max_stderr=5)
-    with pytest.raises(dbapi.ProgrammingError, match="reuse must be True or False"):
+    with pytest.raises(dbapi.ProgrammingError, match="reuse must be true or false"):
         dbapi.connect(conn.session.db.path, epsilon=0.1, delta=1e-6, reuse=None)
     assert ledger(conn) == []
 

@@ -532,7 +532,7 @@ def test_sigterm_during_a_long_script_leaves_a_consistent_ledger(template, tmp_p
         before = snapshot(db)
     code, out, err = _rerun(capsys, path, script)
     if charged:
-        assert code == 2 and "never written" in err and "cannot be re-noised" in err
+        assert code == 65 and "never written" in err and "cannot be re-noised" in err
         with dpsql.connect(path) as db:
             assert snapshot(db) == before
     else:

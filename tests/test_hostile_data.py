@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 import dpsql
-from dpsql.store import database as engine
 from dpsql.engines import duckdb as data_engine
 from dpsql.errors import UnsupportedQueryError
 from dpsql.policy.policy import table_policy_from_spec

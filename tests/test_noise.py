@@ -11,6 +11,7 @@ import pytest
 from scipy import stats
 
 import dpsql.noise.gaussian as noise
+import dpsql.noise.samplers as samplers
 from dpsql.errors import DpsqlError, PrivacyParameterError
 from dpsql.noise.gaussian import analytic_gaussian_sigma, calibrate_with_rounding, classic_gaussian_sigma, gaussian_delta, gaussian_sigma, grid_exponent, rounding_slack, zcdp_rho
 from dpsql.noise.samplers import SecureGaussianSampler, SeededTestSampler
@@ -243,14 +244,14 @@ def test_secure_sampler_refuses_when_opendp_map_disagrees(monkeypatch):
         def __call__(self, values):
             raise AssertionError("must not sample")
 
-    monkeypatch.setattr(noise, "_gaussian_measurement", lambda sigma, k, size: Overspending())
+    monkeypatch.setattr(samplers, "_gaussian_measurement", lambda sigma, k, size: Overspending())
     with pytest.raises(DpsqlError, match="privacy map"):
         SecureGaussianSampler().sample(np.zeros(4), 3.0, sensitivity=1.0)
 
 
 def test_opendp_privacy_map_agrees_with_rounding_slack():
     for sigma, size in [(3.0, 1), (3.0, 10_000), (0.37, 50), (1e12, 2)]:
-        measurement = noise._gaussian_measurement(sigma, grid_exponent(sigma), size)
+        measurement = samplers._gaussian_measurement(sigma, grid_exponent(sigma), size)
         expected = zcdp_rho(sigma, 1.0 + rounding_slack(sigma, size))
         assert float(measurement.map(1.0)) == pytest.approx(expected, rel=1e-9)
 
@@ -271,7 +272,11 @@ def test_seeded_sampler_is_reproducible_and_marked_non_private():
 
 
 def test_numpy_random_only_on_lines_marked_test_only():
-    source = Path(noise.__file__).read_text()
+    for path in (noise.__file__, samplers.__file__):
+        _only_test_only_randomness(Path(path).read_text())
+
+
+def _only_test_only_randomness(source: str) -> None:
     tree = ast.parse(source)
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
                 for alias in node.names}

@@ -30,7 +30,6 @@ import pytest
 import sqlglot
 from sqlglot import exp
 
-from dpsql.store import database as engine
 
 from dpsql.engines import duckdb as data_engine
 from dpsql.workload.domain import CategoricalDomain, IntegerDomain, NumericDomain

@@ -2,9 +2,13 @@
 
 The empirical check has known power: over R releases of m answers the mean squared error
 estimates the expected MSE with relative standard deviation about sqrt(Var(e²))/E(e²)/sqrt(Rm)
-≤ sqrt(5/(R m)) for Laplace-sum errors (kurtosis at most 6), i.e. under 4% of the MSE here, so
-the RMSE ratio lies within 10% of 1 with overwhelming probability at the right scale, and a
-noise scale off by 30% (ratio 1.3 or 0.77) fails it.
+≤ sqrt(5/(R m)) for Laplace-sum errors (kurtosis at most 6): with R = 150 releases of m = 10
+answers that is 5.8% of the MSE, so 2.9% of the RMSE (more if answers within a release are
+correlated: at most one release's worth, 4.1% with the 5 independent groups counted alone).
+The check accepts an RMSE ratio within 15% of 1: at the right scale that is over 3.6 standard
+deviations (false alarm below 2e-4), and a noise scale off by 30% (ratio 1.3, or 0.77) misses
+the band by as many. (An earlier version ran 60 releases with a 10% band, about 2 standard
+deviations: it failed a few runs in a hundred.)
 """
 
 from __future__ import annotations
@@ -38,18 +42,18 @@ def _answers(release):
 
 
 def _check(errors, expected_rmse, scale=1.0):
-    return abs(float(np.sqrt(np.mean((scale * errors) ** 2))) / expected_rmse - 1) <= 0.10
+    return abs(float(np.sqrt(np.mean((scale * errors) ** 2))) / expected_rmse - 1) <= 0.15
 
 
 def test_laplace_releases_match_their_reported_error_and_intervals(tmp_path):
-    """Secure sampler, 60 releases of 10 answers: RMSE within 10% and 95% intervals cover.
+    """Secure sampler, 150 releases of 10 answers: RMSE within 15% and 95% intervals cover.
 
     The ``hierarchical`` strategy keeps each release fast and makes every answer a sum of
     several Laplace terms (the intervals' nontrivial case)."""
     db = make_adult_db(str(tmp_path / "a.duckdb"), reuse=False, epsilon=10_000, delta=0)
     truth = exact_answers(db, BATCH)
     errors, inside, expected = [], [], None
-    for _ in range(60):
+    for _ in range(150):
         r = db.answer(BATCH, epsilon=0.5, delta=0, strategy="hierarchical")
         counts, stderr, low, high = _answers(r)
         errors.append(counts - truth)

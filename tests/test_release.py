@@ -12,11 +12,11 @@ import pytest
 import dpsql
 from dpsql.store import database as engine
 from dpsql.engines import duckdb as data_engine
-from dpsql.errors import (BudgetExceededError, EngineError, PolicyError,
+from dpsql.errors import (BudgetExceededError, EngineError, InputFileError, PolicyError,
                           PrivacyParameterError, StrategyError, UnsupportedQueryError)
 from dpsql.noise.samplers import SeededTestSampler
 
-from .conftest import ADULT_POLICY, make_adult_db, snapshot
+from tests.conftest import ADULT_POLICY, make_adult_db, snapshot
 
 BATCH = """
 SELECT sex, COUNT(*) FROM adult WHERE age < 30 GROUP BY sex;
@@ -130,13 +130,16 @@ def test_budget_exact_fit_then_refusal_charges_nothing(tmp_path):
 
 
 def test_gaussian_deltas_add_exactly_to_the_limit(tmp_path):
-    db = make_adult_db(str(tmp_path / "d.duckdb"), reuse=False, epsilon=10.0, delta=1e-5)
+    """Basic composition alone (zcdp_delta = 0) charges all of δ_B = 1e-5, exactly. (On the
+    default split it charges δ_B − δ_z and the zCDP route spends ρ, not δ: docs/accounting.md.)"""
+    db = make_adult_db(str(tmp_path / "d.duckdb"), reuse=False, epsilon=10.0, delta=1e-5,
+                       zcdp_delta=0)
     q = "SELECT COUNT(*) FROM adult WHERE sex = 'Female'"
     for eps, dlt in ((0.1, 1e-6), (0.2, 1e-6), (0.7, 8e-6)):
         db.answer(q, epsilon=eps, delta=dlt, strategy="identity")   # Gaussian pinned
     b = db.budget("adult")
     assert b["delta_spent"] == Fraction(1, 10**5) and b["delta_remaining"] == 0
-    assert b["epsilon_spent"] <= 1                 # zCDP may account it below 0.1+0.2+0.7
+    assert b["epsilon_spent"] == 1 and b["accounting"] == "basic"
     before = snapshot(db)
     with pytest.raises(BudgetExceededError, match="delta"):
         db.answer(q, epsilon=0.1, delta=1e-12, strategy="identity")
@@ -227,7 +230,7 @@ def test_policy_errors(adult_db, tmp_path):
         adult_db.protect("adult", bad, replace=True)
     with pytest.raises(PolicyError, match="already protected"):
         adult_db.protect("adult", ADULT_POLICY)
-    with pytest.raises(PolicyError, match="does not exist"):
+    with pytest.raises(InputFileError, match="does not exist"):   # a file, not a policy
         adult_db.protect("adult", str(tmp_path / "missing.toml"))
     with pytest.raises(UnsupportedQueryError, match="not a protected table"):
         adult_db.explain("SELECT COUNT(*) FROM other", epsilon=1, delta=1e-6)

@@ -205,7 +205,7 @@ def test_reuse_false_measures_afresh(db):
     assert e.free == () and e.reused_from == ()
     db.answer(SEX_RACE, epsilon=0.5, delta=0, strategy="identity", reuse=False)
     assert db.budget("adult")["epsilon_spent"] == Fraction(1)
-    with pytest.raises(Exception, match="reuse must be True or False"):
+    with pytest.raises(Exception, match="reuse must be true or false"):
         db.answer(SEX_RACE, epsilon=0.5, delta=0, reuse="yes")
 
 

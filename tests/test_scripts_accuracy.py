@@ -62,7 +62,7 @@ def test_accuracy_targets_confirm_and_flags_parse():
                           "both given as defaults"),
                          (dict(target_rmse=-1), "target_rmse must be a positive number"),
                          (dict(max_stderr="ten"), "max_stderr must be a number"),
-                         (dict(epsilon=0.1, confirm="yes"), "confirm must be True or False")]:
+                         (dict(epsilon=0.1, confirm="yes"), "confirm must be true or false")]:
         with pytest.raises(DpsqlError, match=message):
             scripts.parse_script("SELECT COUNT(*) FROM adult", delta=1e-6, **bad)
 
@@ -90,7 +90,7 @@ def test_accuracy_first_workloads_spend_only_when_confirmed(db_path, tmp_path, c
     assert f"would charge epsilon={e2.epsilon:g}, delta=" in out and "max_stderr = 40" in out
     # without SET dpsql.confirm = true: refused before anything is spent, naming the cost
     code, out, err = run_cli(capsys, "run", db_path, script)
-    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert code == 65 and out == "" and len(err.strip().splitlines()) == 1
     assert err.startswith(f"error: workload 1 (line 4) asks for target_rmse = 60, which "
                           f"needs epsilon = {e1.epsilon:g} (delta = ")
     assert f"strategy {e1.strategy})" in err
@@ -125,7 +125,7 @@ def test_accuracy_first_workloads_spend_only_when_confirmed(db_path, tmp_path, c
                                "does not meet target_rmse = 20")]:
         stricter = write(tmp_path, ACCURACY.replace(old, new), "stricter.sql")
         code, out, err = run_cli(capsys, "run", db_path, stricter, "--confirm")
-        assert code == 2 and message in err and "nothing was charged" in err, err
+        assert code == 65 and message in err and "nothing was charged" in err, err
     assert ledger_and_budget(db_path) == (entries, budget)
 
 
@@ -136,17 +136,17 @@ def test_accuracy_first_from_the_command_line(db_path, tmp_path, capsys):
     before = ledger_and_budget(db_path)
     code, out, err = run_cli(capsys, "run", db_path, script, "--delta", "1e-6",
                              "--target-rmse", "60", "--epsilon", "0.1")
-    assert code == 2 and "epsilon and target_rmse are both given" in err
+    assert code == 65 and "epsilon and target_rmse are both given" in err
     code, out, err = run_cli(capsys, "run", db_path, script, "--delta", "1e-6",
                              "--target-rmse", "-5")
-    assert code == 2 and "target_rmse must be a positive number" in err
+    assert code == 65 and "--target-rmse must be a positive number" in err
     code, out, err = run_cli(capsys, "run", db_path, script, "--delta", "1e-6",
                              "--target-rmse", "60")
-    assert code == 2 and f"needs epsilon = {e.epsilon:g}" in err and "--confirm" in err
+    assert code == 65 and f"needs epsilon = {e.epsilon:g}" in err and "--confirm" in err
     # an accuracy target needs the matrix mechanism: refused with its reason
     code, out, err = run_cli(capsys, "run", db_path, script, "--delta", "0",
                              "--target-rmse", "60", "--strategy", "mwem", "--confirm")
-    assert code == 2 and "accuracy targets apply to the matrix mechanism" in err
+    assert code == 65 and "accuracy targets apply to the matrix mechanism" in err
     assert ledger_and_budget(db_path) == before
     code, out, err = run_cli(capsys, "run", db_path, script, "--delta", "1e-6",
                              "--target-rmse", "60", "--confirm", "--integer", "--quiet")
@@ -169,7 +169,7 @@ def test_reuse_parses_as_a_flag_and_reaches_explain_and_answer():
                              delta=1e-6, reuse=False)
     assert [w.reuse for w in s.workloads] == [False, True]
     for bad in ("no", 0, "off"):
-        with pytest.raises(DpsqlError, match="reuse must be True or False"):
+        with pytest.raises(DpsqlError, match="reuse must be true or false"):
             scripts.parse_script(SEX, epsilon=0.1, delta=1e-6, reuse=bad)
 
 
@@ -204,11 +204,11 @@ def test_a_workload_past_releases_answer_is_free_and_not_counted(db_path, tmp_pa
     fresh = write(tmp_path, f"SET dpsql.release = 'fresh';\nSET dpsql.epsilon = 0.5;\n{SEX};"
                   "\n", "fresh.sql")
     code, out, err = run_cli(capsys, "run", db_path, fresh, "--delta", "1e-6", "--no-reuse")
-    assert code == 2 and "budget exceeded" in err and out == "", err
+    assert code == 77 and "budget exceeded" in err and out == "", err
     code, out, err = run_cli(capsys, "explain", db_path, fresh, "--delta", "1e-6",
                              "--no-reuse", "--quiet")
-    assert code == 2 and "would charge epsilon=0.5" in out, err
+    assert code == 77 and "would charge epsilon=0.5" in out, err
     off = write(tmp_path, "SET dpsql.reuse = false;\n" + fresh.read_text(), "off.sql")
     code, out, err = run_cli(capsys, "run", db_path, off, "--delta", "1e-6")
-    assert code == 2 and "budget exceeded" in err, err
+    assert code == 77 and "budget exceeded" in err, err
     assert ledger_and_budget(db_path) == (entries, budget)

@@ -331,19 +331,19 @@ def test_csv_output(db):
     float(second[1][0])
 
 
-@pytest.mark.parametrize("args, message", [
-    (("-e", GROUP_SEX), "--epsilon"),
+@pytest.mark.parametrize("args, message, status", [
+    (("-e", GROUP_SEX), "--epsilon", 65),
     (("--epsilon", "0.1", "--delta", "1e-6", "-e", "SELECT name FROM adult;", "-e",
-      "SELECT COUNT(*) FROM adult;"), "error: column 'name' is not declared"),
+      "SELECT COUNT(*) FROM adult;"), "error: column 'name' is not declared", 65),
     (("--epsilon", "0.1", "--delta", "1e-6", "-e", "SELECT COUNT(*) FROM secrets;"),
-     "is not a protected table"),
-    (("--epsilon", "0.5", "--delta", "1e-6", "-e", GROUP_SEX), "--confirm-share 1"),
-    (("--epsilon", "0.1", "--delta", "1e-6", "-f", "no/such/file.sql"), "does not exist"),
-    (("--epsilon", "-3", "-e", GROUP_SEX), "epsilon must be > 0"),
+     "is not a protected table", 65),
+    (("--epsilon", "0.5", "--delta", "1e-6", "-e", GROUP_SEX), "--confirm-share 1", 65),
+    (("--epsilon", "0.1", "--delta", "1e-6", "-f", "no/such/file.sql"), "does not exist", 66),
+    (("--epsilon", "-3", "-e", GROUP_SEX), "epsilon must be > 0", 65),
 ])
-def test_batch_errors_exit_2_one_line_nothing_charged(db, args, message):
+def test_batch_errors_exit_by_class_one_line_nothing_charged(db, args, message, status):
     done = batch(db, *args)
-    assert done.returncode == 2
+    assert done.returncode == status     # the first error's row in dpsql.errors.ERROR_TABLE
     assert message in done.stderr and done.stderr.startswith("error: ")
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert ledger(db) == []
@@ -394,7 +394,7 @@ def test_mwem_release_prints_null_errors_and_no_nan(db):
 def test_bad_strategy_option_in_batch_is_refused(db):
     done = batch(db, "--epsilon", "0.1", "--delta", "1e-6", "--strategy",
                  "eigen(principal_vectors=0)", "-e", GROUP_SEX)
-    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.returncode == 65 and "Traceback" not in done.stderr
     assert done.stderr.startswith("error: strategy spec 'eigen(principal_vectors=0)': option "
                                   "'principal_vectors' of 'eigen' must be an integer from 1")
     assert ledger(db) == []
@@ -433,13 +433,13 @@ def test_metric_model_release_in_batch(metric_db):
     # the model is a setting like the others; metric with delta > 0 is refused
     refused = batch(metric_db, "--epsilon", "0.5", "--delta", "1e-6", "-e",
                     "\\set model metric\n" + AGE_RANGES)
-    assert refused.returncode == 2 and "delta = 0" in refused.stderr
+    assert refused.returncode == 65 and "delta = 0" in refused.stderr
     assert len(ledger(metric_db)) == 1
 
 
 def test_batch_missing_database(tmp_path):
     done = batch(str(tmp_path / "missing.duckdb"), "-e", "\\budget")
-    assert done.returncode == 2 and "does not exist" in done.stderr
+    assert done.returncode == 66 and "does not exist" in done.stderr
     assert not (tmp_path / "missing.duckdb").exists()
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dpsql.store import database as engine
 
 from dpsql.engines import duckdb as data_engine
 from dpsql.sql.compile import compile_workload

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from dpsql.errors import DpsqlError, PrivacyParameterError
+from dpsql.errors import InternalFailure, PrivacyParameterError
 from dpsql.noise.laplace import _positive_finite
 
 _BINS_PER_OCTAVE = 512           # weights are rounded up to 2^(g/512): at most +0.14 %
@@ -198,11 +198,11 @@ def laplace_interval_halfwidth(C: np.ndarray, scale: float, level: float = 0.95)
     try:
         a = np.abs(np.asarray(C, dtype=float))
     except (TypeError, ValueError):
-        raise DpsqlError("C must be a 2-D array of real coefficients") from None
+        raise InternalFailure("C must be a 2-D array of real coefficients") from None
     if a.ndim != 2:
-        raise DpsqlError(f"C must be a 2-D (rows x noise terms) array, got shape {a.shape}")
+        raise InternalFailure(f"C must be a 2-D (rows x noise terms) array, got shape {a.shape}")
     if not np.all(np.isfinite(a)):
-        raise DpsqlError("C must contain only finite coefficients")
+        raise InternalFailure("C must contain only finite coefficients")
     result = np.zeros(a.shape[0])
     if a.size == 0:
         return result

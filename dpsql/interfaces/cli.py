@@ -15,8 +15,11 @@
 docs/scripts.md); the privacy options are defaults that the script's ``SET dpsql.*``
 statements override, ``--release`` overrides ``SET dpsql.release``.
 
-Exit status: 0 success, 2 refusal or error (one line on stderr, never a traceback),
-130 interrupted (Ctrl-C). On success nothing is written to stderr.
+Exit status: 0 success; otherwise the status :data:`dpsql.errors.ERROR_TABLE` assigns to the
+error's class (64 usage, 65 bad SQL / settings / policy, 66 input file, 69 database
+unavailable, 70 internal, 75 database busy, 77 budget exhausted; ``dpsql --help`` lists
+them), with one line on stderr and never a traceback; 130 interrupted (Ctrl-C). On success
+nothing is written to stderr.
 """
 
 from __future__ import annotations
@@ -27,75 +30,32 @@ import math
 import os
 import sys
 import tempfile
-import tomllib
 from importlib import resources
 
-from dpsql.errors import DpsqlError
+from dpsql.errors import DpsqlError, InputFileError
+from dpsql.interfaces.exits import Parser, epilog, guarded, read_script
+from dpsql.request import settings_for
 from dpsql.store.results import format_table
 
 
-def _number(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-
-
-def _read_script(path: str) -> str:
-    if path == "-":
-        return sys.stdin.read()
-    if not os.path.isfile(path):
-        raise DpsqlError(f"script {path!r} does not exist")
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except UnicodeDecodeError:
-        raise DpsqlError(f"script {path!r} is not UTF-8 text; save it as UTF-8") from None
-
-
 def _privacy_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--epsilon", type=_number,
-                   help="epsilon per workload, unless the script sets dpsql.epsilon")
-    p.add_argument("--delta", type=_number,
-                   help="delta per workload (0: pure epsilon-DP, Laplace noise), unless the "
-                        "script sets dpsql.delta")
-    p.add_argument("--strategy", help="auto (default), a strategy name, or a spec with "
-                                      "options such as 'eigen(principal_vectors=32)' or "
-                                      "'mwem(rounds=20)' (mwem needs delta 0), unless the "
-                                      "script sets dpsql.strategy")
-    p.add_argument("--calibration", choices=["analytic", "classic"],
-                   help="Gaussian calibration (default analytic; classic only for "
-                        "epsilon < 1), unless the script sets dpsql.calibration")
-    p.add_argument("--model", choices=["dp", "metric"],
-                   help="privacy model (default dp; metric: d_X privacy under the table's "
-                        "declared metric, epsilon per unit distance, delta 0), unless the "
-                        "script sets dpsql.model")
-    p.add_argument("--target-rmse", type=_number, metavar="R",
-                   help="accuracy first, instead of --epsilon: each workload spends the "
-                        "smallest epsilon whose expected RMSE is at most R (only with "
-                        "--confirm or SET dpsql.confirm = true), unless the script sets "
-                        "dpsql.epsilon, dpsql.target_rmse or dpsql.max_stderr")
-    p.add_argument("--max-stderr", type=_number, metavar="S",
-                   help="accuracy first: the smallest epsilon giving every answer a standard "
-                        "error of at most S (as --target-rmse)")
-    p.add_argument("--confirm", action="store_true", default=None,
-                   help="spend the epsilon an accuracy target needs (= SET dpsql.confirm = "
-                        "true; see it first with --dry-run)")
-    p.add_argument("--nonnegative", action="store_true", default=None,
-                   help="answers from non-negative least squares (post-processing, no "
-                        "privacy cost), unless the script sets dpsql.nonnegative")
-    p.add_argument("--integer", action="store_true", default=None,
-                   help="round the answers to integers (post-processing, no privacy cost), "
-                        "unless the script sets dpsql.integer")
-    p.add_argument("--no-reuse", dest="reuse", action="store_false", default=None,
-                   help="measure every workload afresh (= SET dpsql.reuse = false); by "
-                        "default answers come from past releases wherever they are at least "
-                        "as accurate, at no privacy cost, unless the script sets dpsql.reuse")
+    """One option per setting the declaration exposes to the command line
+    (:data:`dpsql.request.SETTINGS`); values are parsed after argparse, with the declared
+    parsers, so a bad one is one line on stderr like every other refusal."""
+    for setting in settings_for("cli"):
+        p.add_argument(setting.flag, **setting.argparse_options())
+
+
+def _defaults(args) -> dict:
+    """The command line's settings, parsed (unset ones are left to the script)."""
+    return {s.name: s.parse(getattr(args, s.name), "cli") for s in settings_for("cli")
+            if getattr(args, s.name) is not None}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="dpsql", description="Differentially private answers to SQL COUNT workloads.")
+    parser = Parser(
+        prog="dpsql", description="Differentially private answers to SQL COUNT workloads.",
+        epilog=epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
     d = sub.add_parser("demo", help="build a demo database from the Adult census data and "
@@ -112,13 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
                                    "(spends budget)"),
                            ("explain", "expected errors of a script's workloads (run "
                                        "--dry-run): reads no data, spends nothing")):
-        r = sub.add_parser(name, help=helptext)
+        r = sub.add_parser(name, help=helptext, description=helptext + ". The settings "
+                           "are defaults that the script's SET dpsql.<name> statements "
+                           "override; --release overrides SET dpsql.release.")
         r.add_argument("db")
         r.add_argument("script", help="SQL file, or - for standard input")
         _privacy_args(r)
-        r.add_argument("--release", metavar="NAME",
-                       help="release name of this edition (overrides SET dpsql.release); "
-                            "workload k is released as NAME/k")
         r.add_argument("--replace", action="store_true",
                        help="overwrite existing result tables named by CREATE TABLE")
         if name == "run":
@@ -180,25 +139,21 @@ def release_text(release) -> str:
 
 def _require_db(path: str) -> None:
     if not os.path.exists(path):
-        raise DpsqlError(f"database {path!r} does not exist")
+        raise InputFileError(f"database {path!r} does not exist; check the path (`dpsql "
+                             "demo --db PATH` builds a demo database)")
+    if os.path.isdir(path):
+        raise InputFileError(f"database {path!r} is a directory; give the path of a DuckDB "
+                             "database file")
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``dpsql``; returns the exit status (see the module docstring)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["shell"]:  # the shell parses its own options (including --help)
         from dpsql.interfaces import shell
 
         return shell.main(argv[1:])
-    args = build_parser().parse_args(argv)
-    try:
-        return _dispatch(args)
-    except DpsqlError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt as exc:
-        detail = str(exc)  # a script's interruption says what was released before it
-        print(f"cancelled: {detail}" if detail else "cancelled", file=sys.stderr)
-        return 130
+    return guarded(lambda: _dispatch(build_parser().parse_args(argv)))
 
 
 def _dispatch(args) -> int:
@@ -211,15 +166,11 @@ def _dispatch(args) -> int:
     if args.command == "demo":
         return demo(args.db)
     if args.command == "protect":
+        from dpsql.policy.policy import load_policy
+
         _require_db(args.db)
-        with open(args.policy, "rb") as f:
-            try:
-                doc = tomllib.load(f)
-            except tomllib.TOMLDecodeError as exc:
-                raise DpsqlError(f"policy file {args.policy!r} is not valid TOML: {exc}") from None
-        tables = [args.table] if args.table else list(doc.get("tables", {}))
-        if not tables:
-            raise DpsqlError("the policy declares no [tables.<name>] section")
+        declared = load_policy(args.policy)     # the whole file checked before any write
+        tables = [args.table] if args.table else list(declared)
         with connect(args.db) as db:
             for t in tables:
                 tp = db.protect(t, args.policy, replace=args.replace)
@@ -253,12 +204,8 @@ def _script(args, *, dry_run: bool) -> int:
     from dpsql.session import connect
 
     _require_db(args.db)
-    script = parse_script(_read_script(args.script), epsilon=args.epsilon, delta=args.delta,
-                          strategy=args.strategy, calibration=args.calibration,
-                          model=args.model, release=args.release,
-                          target_rmse=args.target_rmse, max_stderr=args.max_stderr,
-                          confirm=args.confirm, nonnegative=args.nonnegative,
-                          integer=args.integer, reuse=args.reuse)
+    defaults = _defaults(args)
+    script = parse_script(read_script(args.script), **defaults)
     out = _ScriptOutput(args, len(script.workloads))
     with connect(args.db) as db:
         plan = check_script(db, script, replace=args.replace)
@@ -391,7 +338,8 @@ def demo(path: str | None = None) -> int:
     if path is None:
         path = os.path.join(tempfile.mkdtemp(prefix="dpsql-demo-"), "demo.duckdb")
     if os.path.exists(path):
-        raise DpsqlError(f"{path!r} already exists; the demo builds a new database")
+        raise DpsqlError(f"{path!r} already exists; the demo builds a new database: give "
+                         "--db a new path")
     print(f"dpsql demo: loading the UCI Adult census extract into {path}")
     owner = Database(path)
     with owner.connect(owner=True) as con, engine_errors("loading the demo data"):

@@ -31,7 +31,7 @@ from sqlglot import exp
 from dpsql import errors as dp
 from dpsql.session import InterruptedAfterRelease, Session
 from dpsql.sql.parse import split_statements
-from dpsql.interfaces.scripts import check_asks, check_flag, check_model, check_strategy, check_target
+from dpsql.request import CONNECTION_SETTINGS, Request, settings_for
 
 apilevel = "2.0"
 threadsafety = 2
@@ -86,24 +86,19 @@ class BudgetExceeded(OperationalError):
     table = quantity = spent = requested = limit = None
 
 
-_ERROR_MAP = (
-    (dp.BudgetExceededError, BudgetExceeded),
-    (dp.LockTimeoutError, OperationalError),
-    (dp.EngineError, InternalError),
-    ((dp.ParseError, dp.PolicyError, dp.PrivacyParameterError, dp.StrategyError),
-     ProgrammingError),
-    (dp.DpsqlError, DatabaseError),
-)
+def error_class(error: BaseException | type) -> type:
+    """The PEP 249 class for a dpsql error: the one :data:`dpsql.errors.ERROR_TABLE` names."""
+    return globals()[dp.error_row(error).dbapi]
 
 
 @contextlib.contextmanager
 def _backend() -> Iterator[None]:
-    """The boundary with dpsql: its errors leave as PEP 249 errors, chained with ``from``."""
+    """The boundary with dpsql: its errors leave as PEP 249 errors (the class the error
+    table names), chained with ``from``."""
     try:
         yield
     except dp.DpsqlError as exc:
-        cls = next(c for kinds, c in _ERROR_MAP if isinstance(exc, kinds))
-        err = cls(str(exc))
+        err = error_class(exc)(str(exc))
         if isinstance(exc, dp.BudgetExceededError):
             for attr in ("table", "quantity", "spent", "requested", "limit"):
                 setattr(err, attr, getattr(exc, attr))
@@ -193,8 +188,13 @@ def _literal(value: Any, position: int) -> exp.Expression:
     elif isinstance(value, (float, decimal.Decimal)):
         if not (math.isfinite(value) if isinstance(value, float) else value.is_finite()):
             raise ProgrammingError(f"{where} is not finite; pass a finite number")
-        number = repr(abs(float(value))) if isinstance(value, float) else str(abs(value))
-        negative = value < 0
+        if isinstance(value, float):
+            number, negative = repr(abs(value)), value < 0
+        else:       # no arithmetic: abs() and < round and trap in the context (Overflow)
+            if value and not -400 < value.adjusted() < 400:
+                raise DataError(f"{where} is out of range: a number's magnitude must lie "
+                                "between 1e-400 and 1e400 (or be 0)")
+            number, negative = str(value.copy_abs()), value.is_signed() and bool(value)
     else:
         raise ProgrammingError(f"{where} has type {type(value).__name__}; dpsql binds int, "
                                "float, str and decimal.Decimal")
@@ -258,48 +258,33 @@ class _Template:
 
 # --------------------------------------------------------------------------- connection
 
-def _validated(epsilon, delta, strategy, calibration, model, target_rmse=None,
-               max_stderr=None, confirm=False, nonnegative=False, integer=False,
-               reuse=True) -> dict:
-    """The settings, checked together (all or nothing); strategy and model normalised.
-
-    ``delta = 0`` asks for pure epsilon-DP; a strategy may carry options
-    (``eigen(principal_vectors=32)``, ``mwem(rounds=20)``); ``model="metric"`` asks for d_X
-    privacy, which needs ``delta = 0`` and strategy ``auto`` or ``dx_laplace``. Exactly one
-    of ``epsilon``, ``target_rmse`` and ``max_stderr`` is set (the others None)."""
+def _validated(settings: dict) -> dict:
+    """The settings, checked together as one :class:`~dpsql.request.Request` (all or
+    nothing; every setting with its declared parser). Numbers are kept as given (a
+    connection reads back the 0.1 it was set to); the others as the parser normalised
+    them (a strategy spec stripped, a model in lower case)."""
     with _backend():
-        check_asks(epsilon, target_rmse, max_stderr)
-        targets = {k: None if v is None else check_target(v, k)
-                   for k, v in (("target_rmse", target_rmse), ("max_stderr", max_stderr))}
-        flags = {k: check_flag(v, k) for k, v in (("confirm", confirm),
-                                                  ("nonnegative", nonnegative),
-                                                  ("integer", integer),
-                                                  ("reuse", reuse))}
-        strategy = check_strategy(strategy)
-        model = check_model(model)
-        Session._objective(epsilon, targets["target_rmse"], targets["max_stderr"], model,
-                           strategy)
-        _, dlt = Session._privacy(1 if epsilon is None else epsilon, delta, calibration)
-        Session._model(model, dlt, strategy)
-    return {"epsilon": epsilon, "delta": delta, "strategy": strategy,
-            "calibration": calibration, "model": model, **targets, **flags}
+        request = Request(**{s.keyword: settings[s.name] for s in _SETTINGS})
+    return {s.name: settings[s.name] if s.kind == "number" and settings[s.name] is not None
+            else getattr(request, s.keyword) for s in _SETTINGS}
 
 
+#: the settings of a connection's requests (connect keywords, attributes, configure())
+_SETTINGS = settings_for("dbapi")
 #: settings :meth:`Session.explain` takes (the others only matter when spending)
-_EXPLAIN_SETTINGS = ("epsilon", "delta", "strategy", "calibration", "model", "target_rmse",
-                     "max_stderr", "reuse")
+_EXPLAIN_SETTINGS = tuple(s.name for s in _SETTINGS if s.explain)
 
 
 def connect(database, **settings) -> "Connection":
-    """``connect(database, *, epsilon, delta, strategy="auto", calibration="analytic",
-    model="dp", target_rmse=None, max_stderr=None, confirm=False, nonnegative=False,
-    integer=False, reuse=True, lock_timeout=30.0)``: every execute charges (epsilon, delta);
-    change them in between. ``delta=0`` is pure epsilon-DP; ``model="metric"`` charges
-    epsilon per unit distance to the table's metric (d_X) budget. Accuracy first:
-    ``target_rmse`` or ``max_stderr`` instead of ``epsilon`` (with ``confirm=True`` to spend
-    what it needs). ``nonnegative`` / ``integer``: consistent answers (post-processing, no
-    privacy cost). ``reuse=False``: measure every execute afresh (by default answers come
-    from past releases wherever they are at least as accurate, at no privacy cost)."""
+    """``connect(database, *, epsilon, delta, ...)``: a connection whose every execute
+    charges (epsilon, delta) or asks by an accuracy target; change the settings in between
+    (attributes or :meth:`Connection.configure`). The keywords are the declared settings
+    (:data:`dpsql.request.SETTINGS` exposed to ``dbapi``: epsilon, target_rmse, max_stderr,
+    delta, strategy, calibration, model, nonnegative, integer, reuse, confirm) and the
+    connection's own (:data:`dpsql.request.CONNECTION_SETTINGS`: lock_timeout, create).
+    ``delta=0`` is pure epsilon-DP; ``model="metric"`` charges epsilon per unit distance
+    to the table's metric (d_X) budget. Accuracy first: ``target_rmse`` or ``max_stderr``
+    instead of ``epsilon`` (with ``confirm=True`` to spend what it needs)."""
     return Connection(database, **settings)
 
 
@@ -313,6 +298,13 @@ def _setting(name: str, doc: str) -> property:
     return property(get, set_, doc=doc)
 
 
+def _unknown(settings: dict) -> None:
+    unknown = set(settings) - {s.name for s in _SETTINGS}
+    if unknown:
+        raise ProgrammingError(f"unknown setting(s) {sorted(unknown)}; settings are "
+                               f"{sorted(s.name for s in _SETTINGS)}")
+
+
 class Connection:
     """A DB-API connection: one dpsql Session plus the privacy settings each execute charges."""
 
@@ -321,52 +313,37 @@ class Connection:
     InternalError, ProgrammingError = InternalError, ProgrammingError
     NotSupportedError, BudgetExceeded = NotSupportedError, BudgetExceeded
 
-    def __init__(self, database, *, epsilon=None, delta, strategy="auto",
-                 calibration="analytic", model="dp", target_rmse=None, max_stderr=None,
-                 confirm=False, nonnegative=False, integer=False, reuse=True,
-                 lock_timeout: float = 30.0):
+    def __init__(self, database, **settings):
         try:
             path = os.fspath(database)
         except TypeError:
             raise ProgrammingError(f"database must be a path, got "
                                    f"{type(database).__name__}") from None
-        self._settings = _validated(epsilon, delta, strategy, calibration, model, target_rmse,
-                                    max_stderr, confirm, nonnegative, integer, reuse)
+        missing = [s.name for s in _SETTINGS if s.required and s.name not in settings]
+        if missing:       # the privacy parameters are never implicit
+            raise TypeError(f"connect() missing required keyword argument(s): {missing}")
+        own = {s.name: settings.pop(s.name, s.default)
+               for s in CONNECTION_SETTINGS.values() if "dbapi" in s.interfaces}
+        _unknown(settings)
+        self._settings = _validated({s.name: settings.get(s.name, s.default)
+                                     for s in _SETTINGS})
+        with _backend():
+            own = {name: CONNECTION_SETTINGS[name].parse(v) for name, v in own.items()}
+            if not own["create"] and not os.path.exists(path):
+                raise dp.DpsqlError(f"database {path!r} does not exist (create=False)")
         self._lock = threading.Lock()
         self._cursors: weakref.WeakSet = weakref.WeakSet()
         self.closed = False
         with _backend():
-            self._session = Session(path, lock_timeout=lock_timeout)
-
-    epsilon = _setting("epsilon", "ε charged by each execute; validated on assignment.")
-    delta = _setting("delta", "δ charged by each execute; validated on assignment.")
-    strategy = _setting("strategy", "'auto', a strategy name, or a spec with options such as "
-                                    "'eigen(principal_vectors=32)' or 'mwem(rounds=20)'.")
-    calibration = _setting("calibration", "'analytic' (default) or 'classic' (ε < 1 only).")
-    model = _setting("model", "'dp' (default) or 'metric' (d_X privacy: ε per unit distance, "
-                              "δ = 0, charged to the table's metric budget).")
-    target_rmse = _setting("target_rmse", "Accuracy first, instead of epsilon (None): spend the "
-                                          "smallest ε whose expected RMSE is at most this.")
-    max_stderr = _setting("max_stderr", "Accuracy first, instead of epsilon (None): the "
-                                        "smallest ε giving every answer this standard error.")
-    confirm = _setting("confirm", "True: spend the ε an accuracy target needs (False: such an "
-                                  "execute is refused with that ε; nothing is charged).")
-    nonnegative = _setting("nonnegative", "True: answers from non-negative least squares.")
-    integer = _setting("integer", "True: answers rounded to integers.")
-    reuse = _setting("reuse", "True (default): answer from past releases wherever they are at "
-                              "least as accurate (no privacy cost); False: measure afresh.")
+            self._session = Session(path, lock_timeout=own["lock_timeout"])
 
     @check_closed
     def configure(self, **changes) -> None:
         """Change several settings at once (validated together; all or nothing), e.g.
         ``configure(epsilon=None, target_rmse=50, confirm=True)`` to ask by accuracy."""
-        unknown = set(changes) - set(self._settings)
-        if unknown:
-            raise ProgrammingError(f"unknown setting(s) {sorted(unknown)}; settings are "
-                                   f"{sorted(self._settings)}")
+        _unknown(changes)
         with self._lock:
-            new = dict(self._settings, **changes)
-            self._settings = _validated(**new)
+            self._settings = _validated(dict(self._settings, **changes))
 
     def _snapshot(self) -> dict:
         with self._lock:
@@ -412,6 +389,11 @@ class Connection:
     def __exit__(self, *exc) -> None:
         if not self.closed:
             self.close()
+
+
+for _s in _SETTINGS:     # one attribute per declared setting, validated on assignment
+    setattr(Connection, _s.name, _setting(_s.name, _s.help))
+del _s
 
 
 # --------------------------------------------------------------------------- cursor

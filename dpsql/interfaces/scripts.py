@@ -60,38 +60,25 @@ from typing import Callable
 
 from sqlglot import exp
 
+from dpsql.noise import composition
 from dpsql.store import database as engine
 from dpsql.store import ledger
-from dpsql.noise.accounting import PrivacyCost, check_budget
-from dpsql.errors import BudgetExceededError, DpsqlError, show_exact
+from dpsql.noise.accounting import PrivacyCost
+from dpsql.errors import BudgetExceededError, DpsqlError, PolicyError, show_exact
 from dpsql.store.results import Explanation, Release
 from dpsql.session import InterruptedAfterRelease, Session, request_matches
 from dpsql.release.support import _flags
-from dpsql.sql.script import (MODELS, SETTINGS, Script, ScriptError, ScriptWorkload, Statement,
-                         check_asks, check_flag, check_model, check_target)
+from dpsql.request import ASKS, MODELS, check_asks, check_strategy, settings_for
+from dpsql.sql.script import Script, ScriptError, ScriptWorkload, Statement
 from dpsql.sql.script import parse_script as _parse_script
 
 __all__ = ["MODELS", "Outcome", "Plan", "PlannedWorkload", "SETTINGS", "Script",
            "ScriptError", "ScriptInterrupted", "ScriptWorkload", "Statement", "check_asks",
-           "check_flag", "check_model", "check_script", "check_strategy", "check_target",
-           "parse_script", "run", "run_script"]
+           "check_script", "check_strategy", "parse_script", "run", "run_script"]
 
-
-def check_strategy(value) -> str:
-    """A strategy setting, validated when it is set (shell, DB-API, scripts): ``auto``, a
-    strategy spec with options (``eigen(principal_vectors=32)``, ``mwem(rounds=20)``;
-    :func:`dpsql.mechanisms.matrix.check_spec`) or a metric model's mechanism (``dx_laplace``,
-    ``dx_mwem(...)``, ``dx_smalldb(size=m)``; :func:`dpsql.mechanisms.catalog.check_dx_spec`).
-    Which noise family applies is decided by delta and the model when the request runs.
-    Raises :class:`~dpsql.errors.StrategyError`."""
-    from dpsql.mechanisms.catalog import check_dx_spec
-    from dpsql.mechanisms.matrix import check_spec
-
-    if isinstance(value, str) and value.strip().lower() == "dx_laplace":
-        return "dx_laplace"
-    if isinstance(value, str) and value.strip().lower().startswith("dx_"):
-        return check_dx_spec(value)          # dx_mwem(...), dx_smalldb(size=m)
-    return check_spec(value)
+#: the settings a script may SET (and a caller may give as defaults), by name
+DECLARED = {s.name: s for s in settings_for("script")}
+SETTINGS = tuple(DECLARED)
 
 
 def parse_script(text: str, **defaults) -> Script:
@@ -101,8 +88,14 @@ def parse_script(text: str, **defaults) -> Script:
     ``defaults``: ``epsilon``, ``delta``, ``strategy``, ``calibration``, ``model``,
     ``target_rmse``, ``max_stderr``, ``confirm``, ``nonnegative``, ``integer``, ``reuse``
     (the command line's defaults, overridden by the script's ``SET``) and ``release``
-    (overrides every ``SET dpsql.release``)."""
-    script = _parse_script(text, check_strategy=check_strategy, **defaults)
+    (overrides every ``SET dpsql.release``); each checked with its declared parser."""
+    unknown = set(defaults) - set(DECLARED)
+    if unknown:
+        raise TypeError(f"parse_script() got unknown setting(s) {sorted(unknown)}")
+    check_asks(*(defaults.get(k) for k in ASKS), " as defaults")
+    parsed = {k: DECLARED[k].parse(v) for k, v in defaults.items() if v is not None}
+    release = parsed.pop("release", None)
+    script = _parse_script(text, declared=DECLARED, defaults=parsed, release=release)
     workloads = tuple(replace(w, strategy=_canonical(w.strategy, w.delta, w.model))
                       for w in script.workloads)
     return replace(script, workloads=workloads)
@@ -130,6 +123,21 @@ class ScriptInterrupted(KeyboardInterrupt):
     def __init__(self, message: str, released=()):
         super().__init__(message)
         self.released = tuple(released)
+
+
+def _planned_rho(expl: Explanation, epsilon: Fraction) -> Fraction | None:
+    from dpsql.release.matrix import _rho
+
+    if expl.mechanism == "laplace":
+        return epsilon * epsilon / 2
+    if expl.mechanism != "gaussian":
+        return None
+    best = next((c for c in expl.candidates if c.strategy == expl.strategy
+                 and c.mechanism == expl.mechanism), None)
+    if best is None or getattr(best, "plan", None) is None:
+        return None
+    rho = _rho(expl, epsilon, best.plan)      # a double: inflated as the ledger reads it
+    return Fraction(rho) * (1 + Fraction(1, 10**12))
 
 
 @dataclass(frozen=True)
@@ -166,6 +174,13 @@ class PlannedWorkload:
         """The delta this workload spends: none when its noise is not Gaussian (``auto``
         may choose Laplace noise, which spends epsilon only)."""
         return self.workload.delta if self.explanation.mechanism == "gaussian" else Fraction(0)
+
+    @property
+    def rho(self) -> Fraction | None:
+        """The zCDP cost the release will record (as :meth:`Session.answer` computes it):
+        ``ε²/2`` for pure noise, ``Δ²/2σ²`` for Gaussian noise; None when not known here
+        (the zCDP route then stays closed for the script's check, never more permissive)."""
+        return _planned_rho(self.explanation, self.epsilon)
 
     @property
     def free(self) -> bool:
@@ -249,7 +264,7 @@ def _explain(session: Session, script: Script, w: ScriptWorkload) -> Explanation
         located = exc
     raise ScriptError(f"{w.label}: {located}", workload=w.number,
                       line=getattr(located, "line", None),
-                      column=getattr(located, "column", None)) from None
+                      column=getattr(located, "column", None), cause=located) from None
 
 
 def _located_text(text: str, w: ScriptWorkload) -> str:
@@ -404,17 +419,27 @@ def _check_budget(session: Session, items):
                         "its workloads fit",)
         return exc
 
-    for t, cost in to_charge.items():
-        b = budgets[t]
-        try:
-            check_budget(t, PrivacyCost(b["epsilon_spent"], b["delta_spent"]), cost,
-                         PrivacyCost(b["epsilon_limit"], b["delta_limit"]))
-        except BudgetExceededError as exc:
-            return to_charge, remaining, metric, metric_left, total_of(exc, (t, False))
+    if to_charge:
+        # the accountant's own check (dpsql.noise.composition): it reads only the sums of ε, δ and
+        # ρ, so the script's workloads on a table are checked as one request of their totals
+        rhos: dict[str, Fraction | None] = {}
+        for item in items:
+            if item.recorded is None and not item.free and item.workload.model != "metric":
+                t, rho = item.explanation.table, item.rho
+                rhos[t] = (None if rho is None or rhos.get(t, Fraction(0)) is None
+                           else rhos.get(t, Fraction(0)) + rho)
+        with session.db.connect() as con:
+            policies = ledger.load_policies(con)
+            for t, cost in to_charge.items():
+                total = composition.Spend(cost.epsilon, cost.delta, rhos.get(t))
+                try:
+                    composition.check(t, ledger.spends(con, t), total, policies[t].budget)
+                except BudgetExceededError as exc:
+                    return to_charge, remaining, metric, metric_left, total_of(exc, (t, False))
     for t, eps in metric.items():
         b = budgets[t]
         if "metric_epsilon_limit" not in b:   # explain refuses this first; kept as a guard
-            return to_charge, remaining, metric, metric_left, DpsqlError(
+            return to_charge, remaining, metric, metric_left, PolicyError(
                 f"table {t!r} declares no metric model; metric (d_X) workloads need a "
                 "[tables.<name>.metric] section in its policy")
         if b["metric_epsilon_spent"] + eps > b["metric_epsilon_limit"]:
@@ -453,7 +478,7 @@ def run_script(session: Session, plan: Plan, *, replace: bool = False,
                 raise
             except DpsqlError as exc:
                 raise ScriptError(f"{w.label} failed: {exc}; {_kept(done, items[i + 1:])}",
-                                  workload=w.number, released=done) from None
+                                  workload=w.number, released=done, cause=exc) from None
             done.append(Outcome(w, release))
             if on_outcome is not None:
                 on_outcome(done[-1])

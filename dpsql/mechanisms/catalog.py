@@ -26,8 +26,10 @@ from fractions import Fraction
 
 import numpy as np
 
+from dpsql.noise.accounting import number_from_text
 from dpsql.errors import PolicyError, StrategyError
 from dpsql.mechanisms.mwem.core import Block, MWEMOptions, mwem_error_bound
+from dpsql.mechanisms.mwem.options import check_run
 from dpsql.store.results import Candidate, Explanation
 from dpsql.sql.compile import compile_blocks
 from dpsql.strategies.spec import parse
@@ -86,7 +88,7 @@ def _value(key: str, kind: str, text: str):
         return lower == "true"
     if kind != "number":
         raise StrategyError(f"mwem option {key!r} needs a number, got {text!r}")
-    return Fraction(text)
+    return number_from_text(text, f"mwem option {key!r}", "0.5", StrategyError)
 
 
 def blocks_for(queries, policy):
@@ -307,6 +309,7 @@ def dx_mwem_plan(policy, queries, eps, strategy: str):
     compiled, blocks = blocks_for(queries, policy)
     if not all(isinstance(b, Block) for b in blocks):     # the metric oracle's candidates
         raise StrategyError("internal error: d_X MWEM needs explicit candidate rows (Block)")
+    check_run(blocks, eps, options, strategy)   # spends' ε and run time: before any charge
     graphs = [_metric_graph(policy, w) for w, _ in compiled]
     c = 0.0
     for block, graph in zip(blocks, graphs):

@@ -73,8 +73,10 @@ def noise_scale(family: str, plan, eps, dlt, calibration: str) -> tuple[float, f
 
         b = laplace_scale(eps, plan.l1_sensitivity, plan.n_measurements)
         return b, 2.0 * b * b
-    sigma = calibrate_with_rounding(float(eps), float(dlt), plan.sensitivity,
-                                    plan.n_measurements, calibration)
+    # ε and δ exactly as charged (the calibration rounds them down, as the kernel's check
+    # does, so the kernel recomputes this very σ; issue 15)
+    sigma = calibrate_with_rounding(eps, dlt, plan.sensitivity, plan.n_measurements,
+                                    calibration)
     return sigma, sigma * sigma
 
 
@@ -140,14 +142,9 @@ class _NoPolicy:
 _NO_POLICY = _NoPolicy()
 
 
-def plan_for(con, name: str, strategy, workload: Workload, family: str = "gaussian"):
-    """(plan, seconds, cached): the strategy's plan, from the cache when it is costly."""
-    plan, seconds, cached, _ = _plan_for(con, name, strategy, workload, family)
-    return plan, seconds, cached
-
-
 def _plan_for(con, name: str, strategy, workload: Workload, family: str):
-    """:func:`plan_for` and the plan's key in the strategy cache (None when not cached)."""
+    """(plan, seconds, cached, key): the strategy's plan, from the strategy cache when it is
+    costly, and its key in that cache (None when not cached)."""
     info = workload_info(workload)
     started = time.perf_counter()
     key = None

@@ -46,18 +46,6 @@ MAX_MEASUREMENTS = 2048
 #: a release whose strategy has more non-zeros than this is not kept for reuse (32 MB)
 MAX_STORED_NONZEROS = 4_000_000
 
-SCHEMA_SQL = """CREATE TABLE IF NOT EXISTS dpsql.measurements (
-    release_id BIGINT PRIMARY KEY,
-    table_name VARCHAR NOT NULL,
-    domain_fingerprint VARCHAR NOT NULL,
-    private BOOLEAN NOT NULL,
-    partitions VARCHAR NOT NULL,
-    noise VARCHAR NOT NULL,
-    scale DOUBLE NOT NULL,
-    strategy BLOB NOT NULL,
-    y BLOB NOT NULL)"""
-
-
 @dataclass(frozen=True)
 class Record:
     """One past release's measurements: ``y = A x_r + noise`` over its own cells ``x_r``."""
@@ -119,8 +107,7 @@ def store(con, policy, record: Record, private: bool) -> None:
     buf = io.BytesIO()
     sp.save_npz(buf, record.A, compressed=False)   # written by every release: kept fast
     parts = json.dumps([[c, u.tolist()] for c, u in record.partitions])
-    with engine_errors("storing the release's measurements"):
-        con.execute(SCHEMA_SQL)
+    with engine_errors("storing the release's measurements"):   # table: dpsql.store.schema
         con.execute("INSERT INTO dpsql.measurements VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [record.release_id, policy.table,
                      domain_fingerprint(policy, _epoch(con, policy)),

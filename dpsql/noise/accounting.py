@@ -27,8 +27,11 @@ __all__ = [
     "MAX_EPSILON",
     "PrivacyCost",
     "check_budget",
+    "float_down",
+    "float_up",
     "fraction_from_text",
     "fraction_to_text",
+    "number_from_text",
     "to_exact",
     "validate_delta",
     "validate_epsilon",
@@ -177,10 +180,54 @@ def check_budget(table: str, spent: PrivacyCost, requested: PrivacyCost,
         raise BudgetExceededError(table, "delta", spent.delta, requested.delta, limit.delta)
 
 
+def float_up(value: Fraction) -> float:
+    """The smallest double >= ``value`` (int / int division in Python is correctly rounded)."""
+    value = Fraction(value)
+    result = value.numerator / value.denominator
+    if Fraction(result) < value:
+        result = math.nextafter(result, math.inf)
+    return result
+
+
+def float_down(value: Fraction) -> float:
+    """The largest double <= ``value``: how an exact ε or δ enters float arithmetic when the
+    rounding must go against the spender (a guarantee at the smaller value implies it at the
+    exact one)."""
+    value = Fraction(value)
+    result = value.numerator / value.denominator
+    if Fraction(result) > value:
+        result = math.nextafter(result, -math.inf)
+    return result
+
+
 def fraction_to_text(value: object) -> str:
     """Store an exact value as ``"numerator/denominator"`` (lowest terms, e.g. ``"3/10"``)."""
     f = to_exact(value, "value")
     return f"{f.numerator}/{f.denominator}"
+
+
+#: a number typed by a user: ASCII digits only (Python's float(), int(), Fraction and Decimal
+#: also read other scripts' digits, so "١" would be 1), an optional "/denominator", and an
+#: exponent of at most 4 digits (Fraction("1e999999999") would build a 10**999999999)
+_ASCII_NUMBER = re.compile(
+    r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d{1,4})?(?:/\d+)?", re.ASCII)
+
+
+def number_from_text(text, name: str, example: str = "0.5",
+                     error: type = PrivacyParameterError) -> Fraction:
+    """A number a user typed (a CLI flag, a shell ``\\set``, a script ``SET``, a strategy
+    option such as ``rounds=``), exactly: plain ASCII decimal text, else ``error`` with a
+    clear message. Every interface reads users' numbers through this one function."""
+    raw = str(text).strip()
+    if not raw.isascii():
+        raise error(f"{name} must be written with ASCII digits 0-9, e.g. {example}; got "
+                    f"{raw!r}")
+    if not _ASCII_NUMBER.fullmatch(raw):
+        raise error(f"{name} must be a number such as {example}, got {raw!r}")
+    try:
+        return Fraction(raw)
+    except (ValueError, ZeroDivisionError):
+        raise error(f"{name} must be a number such as {example}, got {raw!r}") from None
 
 
 def fraction_from_text(text: str) -> Fraction:
@@ -205,9 +252,16 @@ def fraction_from_text(text: str) -> Fraction:
 def _show(value: Fraction) -> str:
     """An integer, a short decimal when that is exact, else ``approx (exactly num/den)``."""
     if value.denominator == 1:
-        return str(value.numerator)
+        return str(value.numerator) if abs(value.numerator) < 10**30 else _huge(value)
+    if abs(value) > 10**300:         # float() would overflow
+        return _huge(value)
     for digits in range(1, 18):
         text = f"{float(value):.{digits}g}"
         if Fraction(text) == value:
             return text
     return f"{float(value):.6g} (exactly {value.numerator}/{value.denominator})"
+
+
+def _huge(value: Fraction) -> str:
+    """A value too large to print in full (or as a float): its order of magnitude."""
+    return f"{'-' if value < 0 else ''}about 10^{int(math.log10(abs(int(value))))}"

@@ -19,13 +19,15 @@ import math
 import numpy as np
 from scipy.special import erfcx, log_ndtr
 
-from dpsql.noise.accounting import MAX_EPSILON, validate_delta, validate_epsilon
+from fractions import Fraction
+
+from dpsql.noise.accounting import MAX_EPSILON, float_down, validate_delta, validate_epsilon
 from dpsql.errors import PrivacyParameterError
 
 __all__ = [
     "CALIBRATIONS", "GRID_BITS_BELOW_SIGMA", "analytic_gaussian_sigma", "calibrate_with_rounding",
-    "classic_gaussian_sigma", "gaussian_delta", "gaussian_sigma", "grid_exponent",
-    "rounding_slack", "zcdp_rho",
+    "classic_gaussian_sigma", "exact_zcdp_rho", "gaussian_delta", "gaussian_shortfall",
+    "gaussian_sigma", "grid_exponent", "rounding_slack", "zcdp_rho",
 ]
 
 CALIBRATIONS = ("analytic", "classic")
@@ -61,7 +63,9 @@ def _positive_finite(value: object, name: str) -> float:
 
 
 def _epsilon(value: object) -> float:
-    return float(validate_epsilon(value))
+    """ε as a float, rounded DOWN from its exact value (``0.1`` means 1/10): a σ calibrated
+    for the smaller ε is private at the exact one. The kernel's check rounds the same way."""
+    return float_down(validate_epsilon(value))
 
 
 def _positive_delta(value: object) -> float:
@@ -71,7 +75,7 @@ def _positive_delta(value: object) -> float:
             "the Gaussian mechanism needs delta > 0, got delta = 0; choose 0 < delta < 1 "
             "(e.g. 1e-6) or a pure-DP mechanism"
         )
-    return float(delta)
+    return float_down(delta)        # rounded against the spender, like epsilon
 
 
 def _dimension(value: object) -> int:
@@ -254,6 +258,22 @@ def rounding_slack(sigma: float, dimension: int) -> float:
     return math.ldexp(math.nextafter(math.sqrt(p), math.inf), grid_exponent(sigma))
 
 
+def _add_up(a: float, b: float) -> float:
+    """``a + b`` rounded up (a sensitivity plus its grid slack is never understated)."""
+    total = a + b
+    if Fraction(total) < Fraction(a) + Fraction(b):
+        total = math.nextafter(total, math.inf)
+    return total
+
+
+def sensitivity_with_slack(sigma: float, sensitivity: float, dimension: int) -> float:
+    """``sensitivity + rounding_slack(sigma, dimension)``, rounded up: the L2 distance between
+    neighbours after the secure sampler rounds them to its grid (the sensitivity σ must be
+    calibrated for, and the one the zCDP ρ is recorded for)."""
+    return _add_up(_positive_finite(sensitivity, "sensitivity"),
+                   rounding_slack(sigma, dimension))
+
+
 def calibrate_with_rounding(epsilon: float, delta: float, sensitivity: float, dimension: int,
                             calibration: str = "analytic") -> float:
     """sigma calibrated for ``sensitivity + rounding_slack(sigma, dimension)``.
@@ -267,7 +287,7 @@ def calibrate_with_rounding(epsilon: float, delta: float, sensitivity: float, di
     sensitivity = _positive_finite(sensitivity, "sensitivity")
     sigma = gaussian_sigma(epsilon, delta, sensitivity, calibration)
     for _ in range(60):
-        needed = gaussian_sigma(epsilon, delta, sensitivity + rounding_slack(sigma, p),
+        needed = gaussian_sigma(epsilon, delta, sensitivity_with_slack(sigma, sensitivity, p),
                                 calibration)
         if needed <= sigma:
             return sigma
@@ -277,3 +297,60 @@ def calibrate_with_rounding(epsilon: float, delta: float, sensitivity: float, di
         f"rounding slack grows as fast as sigma (epsilon too small for this many "
         f"measurements); raise epsilon or reduce the number of measurements"
     )
+
+
+# --- The kernel's check of a given sigma ---
+
+def exact_zcdp_rho(sigma: float, sensitivity: float) -> Fraction:
+    """``Δ² / 2σ²`` exactly (both read as the exact values of their doubles)."""
+    return Fraction(sensitivity) ** 2 / (2 * Fraction(sigma) ** 2)
+
+
+def gaussian_shortfall(sigma: float, epsilon, delta, sensitivity: float, dimension: int,
+                       calibration: str = "analytic") -> str | None:
+    """Why ``sigma`` is NOT enough for this charge, or None when it is.
+
+    The kernel's check of a σ it did not compute (issue 15, "the kernel owns noise scales").
+    ``sensitivity`` is the plan's exact L2 sensitivity (the kernel recomputes it from the
+    rounded plan), ``dimension`` the number of measurements; the sampler's grid slack at this
+    σ is added (rounded up, :func:`sensitivity_with_slack`). Two conditions:
+
+    1. the privacy itself, for either calibration: the exact privacy profile of the Gaussian
+       mechanism (Balle & Wang 2018, Thm 8; it characterises (ε, δ)-DP exactly) at σ,
+       ``gaussian_delta(σ, ε↓, Δ') <= δ↓ (1 − 1e-9)`` with ε, δ rounded down from their exact
+       charged values: the very test :func:`analytic_gaussian_sigma` verifies its result
+       with, on the same doubles, so a σ it calibrated passes bit for bit; the 1e-9 margin
+       covers the profile's float evaluation error (below 5e-13 relative, see there);
+    2. ``calibration="classic"``: the charge says classic, so σ must also be at least
+       :func:`classic_gaussian_sigma` for ``Δ'`` (and ε < 1): the ledger's record is true.
+    """
+    if calibration not in CALIBRATIONS:
+        return f"unknown Gaussian calibration {calibration!r}"
+    try:
+        sigma = _positive_finite(sigma, "sigma")
+        sensitivity = _positive_finite(sensitivity, "sensitivity")
+        p = _dimension(dimension)
+        eps = _epsilon(epsilon)
+        dlt = _positive_delta(delta)
+    except PrivacyParameterError as error:
+        return str(error)
+    if not _MIN_SAMPLER_SIGMA <= sigma <= _MAX_SAMPLER_SIGMA:
+        return f"sigma={sigma!r} is outside the secure sampler's range"
+    full = sensitivity_with_slack(sigma, sensitivity, p)
+    leak = gaussian_delta(sigma, eps, full)
+    if not leak <= dlt * (1.0 - _DELTA_MARGIN):
+        try:
+            needed = f"needs sigma >= {calibrate_with_rounding(epsilon, delta, sensitivity, p)!r}"
+        except PrivacyParameterError:
+            needed = "no sigma can be calibrated for it"
+        return (f"Gaussian sigma={sigma!r} for L2 sensitivity {sensitivity!r} is "
+                f"(epsilon={eps!r}, delta={leak:.6g})-DP, not within the charged "
+                f"delta={dlt!r} ({needed})")
+    if calibration == "classic":
+        if eps >= 1.0:
+            return "the classic Gaussian calibration is valid only for epsilon < 1"
+        needed = classic_gaussian_sigma(epsilon, delta, full)
+        if sigma < needed:
+            return (f"Gaussian sigma={sigma!r} is below the classic calibration's "
+                    f"{needed!r} recorded with the charge")
+    return None

@@ -35,12 +35,12 @@ from fractions import Fraction
 
 import numpy as np
 
-from dpsql.noise.accounting import validate_epsilon
-from dpsql.errors import DpsqlError, PrivacyParameterError
+from dpsql.noise.accounting import float_down, float_up, validate_epsilon
+from dpsql.errors import InternalFailure, PrivacyParameterError
 from dpsql.noise.gaussian import _dimension, _positive_finite  # one set of input checks
 
 __all__ = [
-    "GRID_BITS_BELOW_SCALE", "laplace_grid_exponent", "laplace_scale", "secure_exponential", "secure_laplace", "seeded_exponential",
+    "GRID_BITS_BELOW_SCALE", "laplace_grid_exponent", "laplace_scale", "laplace_shortfall", "secure_exponential", "secure_laplace", "seeded_exponential",
     "seeded_laplace",
 ]
 
@@ -70,28 +70,16 @@ def _finite_array(values: object, what: str) -> np.ndarray:
     try:
         x = np.asarray(values, dtype=float)
     except (TypeError, ValueError):
-        raise DpsqlError(f"{what} must be an array of real numbers") from None
+        raise InternalFailure(f"{what} must be an array of real numbers") from None
     if not np.all(np.isfinite(x)):
-        raise DpsqlError(f"{what} must all be finite; refusing to add noise")
+        raise InternalFailure(f"{what} must all be finite; refusing to add noise")
     return x
 
 
-# --- Exact float rounding of rationals ---
+# --- Exact float rounding of rationals (shared with the Gaussian checks) ---
 
-def _float_up(value: Fraction) -> float:
-    """The smallest double >= value (int / int division in Python is correctly rounded)."""
-    result = value.numerator / value.denominator
-    if Fraction(result) < value:
-        result = math.nextafter(result, math.inf)
-    return result
-
-
-def _float_down(value: Fraction) -> float:
-    """The largest double <= value."""
-    result = value.numerator / value.denominator
-    if Fraction(result) > value:
-        result = math.nextafter(result, -math.inf)
-    return result
+_float_up = float_up
+_float_down = float_down
 
 
 # --- Laplace mechanism ---
@@ -134,7 +122,7 @@ def _opendp_laplace_epsilon(scale: float, sensitivity: float, dimension: int) ->
         measurement = _laplace_measurement(scale, laplace_grid_exponent(scale), dimension)
         return float(measurement.map(sensitivity))
     except Exception as error:  # OpenDP's message names no data: only parameters
-        raise DpsqlError(f"OpenDP refused the Laplace measurement: {error}") from error
+        raise InternalFailure(f"OpenDP refused the Laplace measurement: {error}") from error
 
 
 @functools.lru_cache(maxsize=1024)
@@ -177,6 +165,31 @@ def _calibrate_laplace(epsilon: Fraction, sensitivity: float, dimension: int) ->
     )
 
 
+def laplace_shortfall(scale: float, epsilon, l1_sensitivity: float,
+                      dimension: int) -> str | None:
+    """Why Laplace noise of scale ``b`` is NOT ε-DP for this L1 sensitivity, or None when it is.
+
+    The kernel's check of a scale it did not compute (issue 15, "the kernel owns noise
+    scales"): exact rational arithmetic on the condition :func:`laplace_scale` solves,
+    ``(D + p 2^k(b)) / b <= epsilon`` (D the L1 sensitivity, p the number of values,
+    2^k(b) the sampler's grid, :func:`laplace_grid_exponent`), with ``epsilon`` read exactly.
+    Independent of the sampler, so a test sampler (or a replaced one) cannot weaken it. Every
+    scale :func:`laplace_scale` returns passes; a smaller one fails.
+    """
+    eps = validate_epsilon(epsilon)
+    sensitivity = _positive_finite(l1_sensitivity, "l1_sensitivity")
+    try:
+        b = _sampler_scale(scale)
+    except PrivacyParameterError as error:
+        return str(error)
+    spent = _exact_laplace_epsilon(b, sensitivity, _dimension(dimension))
+    if spent > eps:
+        return (f"Laplace scale b={b!r} for L1 sensitivity {sensitivity!r} over "
+                f"{dimension} values spends epsilon {float(spent)!r} > the charged "
+                f"{float(eps)!r} (needs b >= {_calibrate_laplace(eps, sensitivity, dimension)!r})")
+    return None
+
+
 def laplace_scale(epsilon: float, l1_sensitivity: float, dimension: int) -> float:
     """Smallest double b such that ``values + DiscreteLaplace(b)`` on dpsql's grid is epsilon-DP.
 
@@ -213,7 +226,7 @@ def secure_laplace(values: np.ndarray, scale: float, *, sensitivity: float,
 
     Before sampling, OpenDP's map at ``sensitivity`` is checked: against ``epsilon`` when it
     is given (must be at most the largest double <= epsilon, read exactly), else against the
-    exact formula above (within 1e-12 relative). A mismatch raises :class:`DpsqlError` and
+    exact formula above (within 1e-12 relative). A mismatch raises :class:`InternalFailure` and
     nothing is sampled. Use :func:`laplace_scale` to choose ``scale``.
 
     Measured: 50,000 to 120,000 values per second depending on machine load (20,000 values
@@ -233,7 +246,7 @@ def secure_laplace(values: np.ndarray, scale: float, *, sensitivity: float,
     else:
         bound = _float_up(_exact_laplace_epsilon(scale, sensitivity, int(x.size))) * (1 + 1e-12)
     if not got <= bound:
-        raise DpsqlError(
+        raise InternalFailure(
             f"OpenDP's privacy map gives epsilon={got!r} above the intended bound {bound!r} "
             f"for scale={scale!r}, sensitivity={sensitivity!r}, dimension={x.size}; "
             f"refusing to release"
@@ -243,7 +256,7 @@ def secure_laplace(values: np.ndarray, scale: float, *, sensitivity: float,
         noisy = measurement(x.ravel().tolist())
     except Exception:
         # Never chain or show the engine's text here: it could reflect the input values.
-        raise DpsqlError("OpenDP failed while sampling Laplace noise") from None
+        raise InternalFailure("OpenDP failed while sampling Laplace noise") from None
     return np.asarray(noisy, dtype=float).reshape(x.shape), spacing
 
 
@@ -274,7 +287,7 @@ def _selection_maps(scale: float, sensitivity: float) -> tuple[float, float]:
         gumbel, permute_and_flip = _selection_measurements(scale)
         return float(gumbel.map(sensitivity)), float(permute_and_flip.map(sensitivity))
     except Exception as error:  # OpenDP's message names no data: only parameters
-        raise DpsqlError(f"OpenDP refused the selection measurement: {error}") from error
+        raise InternalFailure(f"OpenDP refused the selection measurement: {error}") from error
 
 
 @functools.lru_cache(maxsize=1024)
@@ -318,7 +331,7 @@ def secure_exponential(scores: np.ndarray, epsilon: float, sensitivity: float) -
     has no pure-DP map for this sampler. We check before sampling that (1) OpenDP's
     ``max_divergence`` map for the same metric and scale -- which computes range / s with its
     own range conversion (2D) and upward rounding -- is at most epsilon (read exactly), and
-    (2) the zCDP map is at most epsilon^2 / 8 (within 1e-12 relative). Otherwise DpsqlError.
+    (2) the zCDP map is at most epsilon^2 / 8 (within 1e-12 relative). Otherwise InternalFailure.
 
     Note: OpenDP's ``max_divergence`` sampler is permute-and-flip (McKenna & Sheldon 2020),
     not the exponential mechanism; it has the same epsilon and better utility.
@@ -330,7 +343,7 @@ def secure_exponential(scores: np.ndarray, epsilon: float, sensitivity: float) -
     sensitivity = _positive_finite(sensitivity, "sensitivity")
     s = _finite_array(scores, "scores")
     if s.ndim != 1 or s.size == 0:
-        raise DpsqlError(
+        raise InternalFailure(
             f"scores must be a non-empty 1-D array, got shape {s.shape}; pass one score per "
             f"candidate"
         )
@@ -338,7 +351,7 @@ def secure_exponential(scores: np.ndarray, epsilon: float, sensitivity: float) -
     rho, pure = _selection_maps(scale, sensitivity)
     limit = _float_down(eps)
     if not (pure <= limit and rho <= limit * limit / 8.0 * (1.0 + 1e-12)):
-        raise DpsqlError(
+        raise InternalFailure(
             f"OpenDP's selection privacy maps give epsilon={pure!r}, rho={rho!r}, above the "
             f"intended epsilon={limit!r} for sensitivity={sensitivity!r}; refusing to select"
         )
@@ -349,7 +362,7 @@ def secure_exponential(scores: np.ndarray, epsilon: float, sensitivity: float) -
         index = gumbel(s.tolist())
     except Exception:
         # Never chain or show the engine's text here: it could reflect the scores.
-        raise DpsqlError("OpenDP failed while sampling the exponential mechanism") from None
+        raise InternalFailure("OpenDP failed while sampling the exponential mechanism") from None
     return int(index)
 
 
@@ -377,6 +390,6 @@ def seeded_exponential(rng, scores: np.ndarray, epsilon: float, sensitivity: flo
     sensitivity = _positive_finite(sensitivity, "sensitivity")
     s = _finite_array(scores, "scores")
     if s.ndim != 1 or s.size == 0:
-        raise DpsqlError(f"scores must be a non-empty 1-D array, got shape {s.shape}")
+        raise InternalFailure(f"scores must be a non-empty 1-D array, got shape {s.shape}")
     noise = rng.gumbel(size=s.shape)  # test-only
     return int(np.argmax(eps * s / (2.0 * sensitivity) + noise))

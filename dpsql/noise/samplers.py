@@ -17,7 +17,7 @@ from typing import Protocol
 
 import numpy as np
 
-from dpsql.errors import DpsqlError, PrivacyParameterError
+from dpsql.errors import InternalFailure, PrivacyParameterError
 from dpsql.noise.gaussian import (_MAX_SAMPLER_SIGMA, _MIN_SAMPLER_SIGMA, _positive_finite, grid_exponent, rounding_slack, zcdp_rho)
 from dpsql.noise.laplace import (secure_exponential, secure_laplace, seeded_exponential,
                                  seeded_laplace)
@@ -34,7 +34,7 @@ class GaussianSampler(Protocol):
 def _finite_values(values: np.ndarray) -> np.ndarray:
     x = np.asarray(values, dtype=float)
     if not np.all(np.isfinite(x)):
-        raise DpsqlError("values to privatize must all be finite; refusing to add noise")
+        raise InternalFailure("values to privatize must all be finite; refusing to add noise")
     return x
 
 
@@ -102,10 +102,10 @@ class SecureGaussianSampler:
             measurement = _gaussian_measurement(sigma, k, int(x.size))
             rho = float(measurement.map(check_at))
         except Exception as error:  # OpenDP's message names no data: only parameters
-            raise DpsqlError(f"OpenDP refused the Gaussian measurement: {error}") from error
+            raise InternalFailure(f"OpenDP refused the Gaussian measurement: {error}") from error
         bound = zcdp_rho(sigma, check_at + rounding_slack(sigma, x.size)) * (1.0 + 1e-9)
         if not rho <= bound:
-            raise DpsqlError(
+            raise InternalFailure(
                 f"OpenDP's privacy map gives rho={rho!r} above the expected bound {bound!r} "
                 f"for sigma={sigma!r}, sensitivity={check_at!r}, dimension={x.size}; "
                 f"refusing to release"
@@ -114,7 +114,7 @@ class SecureGaussianSampler:
             noisy = measurement(x.ravel().tolist())
         except Exception:
             # Never chain or show the engine's text here: it could reflect the input values.
-            raise DpsqlError("OpenDP failed while sampling Gaussian noise") from None
+            raise InternalFailure("OpenDP failed while sampling Gaussian noise") from None
         return np.asarray(noisy, dtype=float).reshape(x.shape), spacing
 
     @staticmethod

@@ -14,6 +14,11 @@ An optional ``rows = 32561`` declares the table's row count public (the data own
 decision: under add/remove-one-row neighbours the count is otherwise private); MWEM then
 uses it instead of spending budget on estimating it. An optional ``[tables.<t>.metric]``
 section declares a d_X (metric privacy) model with its own budget (:mod:`dpsql.policy.metric`).
+An optional ``zcdp_delta`` is the share of ``delta`` reserved for the zCDP accountant
+(:mod:`dpsql.noise.composition`, docs/accounting.md): basic composition may then charge
+``delta - zcdp_delta``. It defaults to half of ``delta``; ``0`` means basic composition alone.
+Policies saved before this setting existed read back as ``0`` (never more budget than the
+rule they were protected under).
 Domains are never inferred from data. Budgets are kept as exact fractions (floats are read through
 their shortest decimal form, so ``0.1`` is exactly one tenth).
 """
@@ -29,9 +34,9 @@ from typing import Any, Mapping
 
 from dpsql.noise.accounting import fraction_from_text, fraction_to_text, to_exact
 from dpsql.workload.domain import Domain, domain_from_spec
-from dpsql.errors import PolicyError, PrivacyParameterError
+from dpsql.errors import PolicyError, PrivacyParameterError, read_input_file
 
-_TABLE_FIELDS = {"epsilon", "delta", "columns", "rows", "metric"}
+_TABLE_FIELDS = {"epsilon", "delta", "columns", "rows", "metric", "zcdp_delta"}
 
 
 def _is_identifier(name: str) -> bool:
@@ -48,6 +53,16 @@ class TablePolicy:
     columns: tuple  # tuple[(name, Domain)], in declaration order
     rows: int | None = None  # the row count, when the owner declares it public (MWEM's n)
     metric: object = None    # dpsql.policy.metric.MetricModel: the d_X model and its own budget
+    #: share of ``delta`` reserved for the zCDP accountant, fixed when the table is protected
+    #: (0: basic composition alone, the value for policies saved before the setting existed)
+    zcdp_delta: Fraction = Fraction(0)
+
+    @property
+    def budget(self):
+        """The accountant's view of this budget (:class:`dpsql.noise.composition.Budget`)."""
+        from dpsql.noise.composition import Budget
+
+        return Budget(self.epsilon, self.delta, self.zcdp_delta)
 
     def column(self, name: str) -> Domain:
         for col, dom in self.columns:
@@ -70,6 +85,7 @@ class TablePolicy:
             doc["rows"] = self.rows
         if self.metric is not None:
             doc["metric"] = self.metric.describe()
+        doc["zcdp_delta"] = fraction_to_text(self.zcdp_delta)
         return json.dumps(doc)
 
     @classmethod
@@ -83,8 +99,28 @@ class TablePolicy:
 
             metric = MetricModel.from_dict(raw["metric"], table=raw["table"],
                                            domains=dict(cols))
+        # a policy saved before zcdp_delta existed was accounted by the old rule; it reads as
+        # basic composition alone, which never leaves more budget than that rule did
+        zcdp = raw.get("zcdp_delta")
         return cls(raw["table"], fraction_from_text(raw["epsilon"]),
-                   fraction_from_text(raw["delta"]), cols, rows=raw.get("rows"), metric=metric)
+                   fraction_from_text(raw["delta"]), cols, rows=raw.get("rows"), metric=metric,
+                   zcdp_delta=Fraction(0) if zcdp is None else fraction_from_text(zcdp))
+
+
+def _zcdp_delta(table: str, spec: Mapping[str, Any], delta: Fraction) -> Fraction:
+    """The share of ``delta`` reserved for the zCDP accountant: declared, or half of ``delta``
+    (the documented default, docs/accounting.md)."""
+    if spec.get("zcdp_delta") is None:
+        return delta / 2
+    try:
+        zcdp_delta = to_exact(spec["zcdp_delta"], "zcdp_delta")
+    except PrivacyParameterError as exc:
+        raise PolicyError(f"policy for table {table!r}: {exc}") from None
+    if not 0 <= zcdp_delta <= delta:
+        raise PolicyError(f"policy for table {table!r}: zcdp_delta (the share of delta "
+                          f"reserved for the zCDP accountant) must be in [0, delta], got "
+                          f"{float(zcdp_delta)!r}")
+    return zcdp_delta
 
 
 def table_policy_from_spec(table: str, spec: Mapping[str, Any]) -> TablePolicy:
@@ -115,6 +151,7 @@ def table_policy_from_spec(table: str, spec: Mapping[str, Any]) -> TablePolicy:
     if not (0 <= delta < 1):
         raise PolicyError(f"policy for table {table!r}: delta budget must be in [0, 1), got "
                           f"{float(delta)!r}")
+    zcdp_delta = _zcdp_delta(table, spec, delta)
     rows = spec.get("rows")
     if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 0):
         raise PolicyError(f"policy for table {table!r}: `rows` (the row count, declared "
@@ -138,7 +175,8 @@ def table_policy_from_spec(table: str, spec: Mapping[str, Any]) -> TablePolicy:
         from dpsql.policy.metric import MetricModel
 
         metric = MetricModel.from_dict(spec["metric"], table=table, domains=dict(cols))
-    return TablePolicy(table.lower(), epsilon, delta, tuple(cols), rows=rows, metric=metric)
+    return TablePolicy(table.lower(), epsilon, delta, tuple(cols), rows=rows, metric=metric,
+                       zcdp_delta=zcdp_delta)
 
 
 def load_policy(source: str | Path | Mapping[str, Any], table: str | None = None) -> dict:
@@ -149,12 +187,12 @@ def load_policy(source: str | Path | Mapping[str, Any], table: str | None = None
     """
     if isinstance(source, (str, Path)):
         path = Path(source)
-        if not path.is_file():
-            raise PolicyError(f"policy file {str(path)!r} does not exist")
+        text = read_input_file(str(path), "policy file")   # missing, directory, not UTF-8
         try:
-            doc: Mapping[str, Any] = tomllib.loads(path.read_text(encoding="utf-8"))
+            doc: Mapping[str, Any] = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
-            raise PolicyError(f"policy file {str(path)!r} is not valid TOML: {exc}") from None
+            raise PolicyError(f"policy file {str(path)!r} is not valid TOML: {exc}; fix "
+                              "the TOML syntax there") from None
     elif isinstance(source, Mapping):
         doc = source
     else:
@@ -164,9 +202,13 @@ def load_policy(source: str | Path | Mapping[str, Any], table: str | None = None
         if unknown:
             raise PolicyError(f"policy: unknown top-level field(s) {sorted(unknown)}")
         tables = doc["tables"]
-        if not isinstance(tables, Mapping) or not tables:
+        if not isinstance(tables, Mapping):
+            raise PolicyError(f"policy: `tables` must hold one [tables.<name>] section per "
+                              f"table, got {type(tables).__name__}")
+        if not tables:
             raise PolicyError("policy: `tables` must declare at least one table")
-        out = {name.lower(): table_policy_from_spec(name, spec) for name, spec in tables.items()}
+        out = {str(name).lower(): table_policy_from_spec(name, spec)   # checks the name
+               for name, spec in tables.items()}
         if table is not None:
             if table.lower() not in out:
                 raise PolicyError(

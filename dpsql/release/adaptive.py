@@ -15,6 +15,7 @@ import numpy as np
 from dpsql.errors import PrivacyParameterError
 from dpsql.mechanisms import catalog
 from dpsql.mechanisms.mwem.core import run_mwem
+from dpsql.mechanisms.mwem.options import check_run
 from dpsql.noise.accounting import PrivacyCost
 from dpsql.release.mechanism import Answers, Ask, Cost, Plan, Public, Shown
 from dpsql.release.support import _request_params
@@ -50,6 +51,7 @@ def plan_mwem(ask: Ask, public: Public) -> SyntheticPlan:
             "mwem is a pure epsilon-DP mechanism: ask for it with delta = 0")
     options = catalog.mwem_options(strategy, policy)
     compiled, blocks = catalog.blocks_for(queries, policy)
+    check_run(blocks, eps, options, strategy)   # spends' ε and run time: before any charge
     expl = catalog.explain_mwem(policy, compiled, eps, options, strategy)
     eps_exact = Fraction(eps)
 

@@ -21,35 +21,85 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
 
 from dpsql.noise.accounting import PrivacyCost
 from dpsql.policy.policy import TablePolicy
 from dpsql.sql.compile import Workload
 from dpsql.sql.parse import parse_batch
-from dpsql.errors import UnsupportedQueryError
+from dpsql.errors import UnknownTableError
+from dpsql.store.results import check_result_names
 from dpsql.release.support import _flags
 
 
 @dataclass(frozen=True)
 class Ask:
-    """A validated request, as the release path and the mechanisms see it."""
+    """A request as the release path and the mechanisms see it: the validated
+    :class:`~dpsql.request.Request` (the one settings value; every check on the settings
+    ran when it was built) and whether it is released or only explained. ``dpsql.request``
+    sits above this layer (the session builds the Request), so it is read, not imported."""
 
-    sql: str | Sequence[str]
-    text: str                        # the SQL as recorded in the ledger
-    epsilon: object                  # Fraction (a placeholder when ``objective`` is given)
-    delta: object                    # Fraction
-    strategy: str = "auto"
-    calibration: str = "analytic"
-    model: str = "dp"
-    objective: tuple | None = None   # ("rmse" | "max_stderr", target): accuracy first
-    replace: bool = False
-    name: str | None = None
-    nonnegative: bool = False
-    integer: bool = False
-    reuse: bool = True
-    confirm: bool = False
+    request: object                  # a dpsql.request.Request, already validated
     release: bool = True             # False: explain (plan only, nothing is prepared)
+
+    @property
+    def sql(self):
+        return self.request.sql
+
+    @property
+    def text(self) -> str:
+        """The SQL as recorded in the ledger."""
+        sql = self.request.sql
+        return sql if isinstance(sql, str) else ";\n".join(sql)
+
+    @property
+    def epsilon(self):
+        """Fraction; None when the request asks by accuracy (``objective``)."""
+        return self.request.epsilon
+
+    @property
+    def delta(self):
+        return self.request.delta
+
+    @property
+    def strategy(self) -> str:
+        return self.request.strategy
+
+    @property
+    def calibration(self) -> str:
+        return self.request.calibration
+
+    @property
+    def model(self) -> str:
+        return self.request.model
+
+    @property
+    def objective(self) -> tuple | None:
+        """``("rmse" | "max_stderr", target)``: accuracy first; else None."""
+        return self.request.objective
+
+    @property
+    def replace(self) -> bool:
+        return self.request.replace
+
+    @property
+    def name(self) -> str | None:
+        return self.request.name
+
+    @property
+    def nonnegative(self) -> bool:
+        return self.request.nonnegative
+
+    @property
+    def integer(self) -> bool:
+        return self.request.integer
+
+    @property
+    def reuse(self) -> bool:
+        return self.request.reuse
+
+    @property
+    def confirm(self) -> bool:
+        return self.request.confirm
 
     @property
     def flags(self) -> dict:
@@ -76,19 +126,22 @@ class Public:
 
 
 def parse_request(sql, policies) -> tuple[TablePolicy, list]:
-    """The batch's protected table and its queries (allow-list parse; remembered)."""
+    """The batch's protected table and its queries (allow-list parse; remembered), its
+    result names checked (:func:`~dpsql.store.results.check_result_names`): planning, so
+    before any charge, in explain and answer alike."""
     def resolve(name, node):
         if name not in policies:
             from dpsql.sql.parse import _position
             line, col = _position(node)
             known = ", ".join(sorted(policies)) or "none yet; see protect()"
-            raise UnsupportedQueryError(
+            raise UnknownTableError(
                 f"table {name!r} is not a protected table (protected: {known})", line, col)
         return policies[name]
 
     from dpsql.sql import memo     # parsed batches are remembered (public inputs only)
 
     queries = memo.parsed(memo.batch_key(sql, policies), lambda: parse_batch(sql, resolve))
+    check_result_names(queries, policies)
     return policies[queries[0].table], queries
 
 

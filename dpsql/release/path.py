@@ -20,35 +20,22 @@ from dataclasses import dataclass
 
 from dpsql.kernel import Kernel
 from dpsql.mechanisms import catalog
-from dpsql.errors import PrivacyParameterError, StrategyError, UnsupportedQueryError
+from dpsql.errors import StrategyError, UnsupportedQueryError
 from dpsql.release import adaptive, matrix, named
 from dpsql.release.mechanism import Answers, Ask, Plan, Public
 from dpsql.release.support import (InterruptedAfterRelease, _completed_on_interrupt,
                                    _interrupts_deferred)
 from dpsql.store import database as engine
 from dpsql.store import ledger
-from dpsql.store.results import Release, ResultTable, build_columns
+from dpsql.store.results import Release, ResultTable, build_columns, check_result_names
 from dpsql.mechanisms import reuse as reuse_mod
 
 
 # ---------------------------------------------------------------------- which mechanism
 
-def check_model(model, dlt, strategy) -> str:
-    """``dp`` or ``metric``, with the metric model's own conditions (refused otherwise)."""
-    if model not in ("dp", "metric"):
-        raise PrivacyParameterError(f"model must be 'dp' (differential privacy) or "
-                                    f"'metric' (d_X privacy), got {model!r}")
-    if model == "metric":
-        if dlt != 0:
-            raise PrivacyParameterError(
-                "metric (d_X) releases are pure: ask with delta = 0")
-        catalog.check_dx_spec(strategy)     # a d_X strategy with valid options
-    return model
-
-
 def mechanism(ask: Ask):
     """The mechanism a request asks for: its ``plan(ask, public)`` function."""
-    if check_model(ask.model, ask.delta, ask.strategy) == "metric":
+    if ask.model == "metric":       # the Request checked the metric model's conditions
         return adaptive.DX[catalog.dx_strategy(ask.strategy)]
     if catalog.is_mwem(ask.strategy):
         return adaptive.plan_mwem
@@ -184,18 +171,11 @@ class KernelHandle:
 # ---------------------------------------------------------------------- result names
 
 def check_targets(con, queries, policies, replace: bool) -> set:
-    """Refuse result names that are taken, reserved or not dpsql's; the names given."""
-    names = set()
+    """The names given (lower case), once the existing tables allow them; the names
+    themselves were checked while parsing (:func:`dpsql.store.results.check_result_names`)."""
+    names = check_result_names(queries, policies)
     for q in queries:
-        if q.target is None:
-            continue
-        t = q.target.lower()
-        if t in names:
-            raise UnsupportedQueryError(f"result table {q.target!r} is named twice in the batch")
-        if t in policies or t.startswith("dpsql"):
-            raise UnsupportedQueryError(
-                f"result table name {q.target!r} is reserved (a protected table or dpsql's)")
-        if engine.table_exists(con, q.target):
+        if q.target is not None and engine.table_exists(con, q.target):
             if not (replace or q.replace):
                 raise UnsupportedQueryError(
                     f"table {q.target!r} already exists; use CREATE OR REPLACE TABLE or "
@@ -204,7 +184,6 @@ def check_targets(con, queries, policies, replace: bool) -> set:
                 raise UnsupportedQueryError(
                     f"table {q.target!r} exists and was not created by dpsql; dpsql only "
                     "replaces its own result tables")
-        names.add(t)
     return names
 
 

@@ -157,6 +157,12 @@ ALLOWED_SUMMARY = (
 MAX_EXPONENT = 400
 _EXPONENT = re.compile(r"[eE]([+-]?[0-9]+)$")
 MAX_SQL_CHARS = 1_000_000
+
+#: sqlglot logs warnings (unsupported constructs such as E'...' byte strings, fallbacks to
+#: Command parsing) to stderr; dpsql reports its own error instead, so its logger is quiet
+#: on every path that parses or prints SQL (set once, here, where dpsql parses)
+logging.getLogger("sqlglot").setLevel(logging.CRITICAL)
+
 MAX_IN_LIST = 10_000
 
 
@@ -168,28 +174,22 @@ def split_statements(sql: str | Sequence[str]) -> list[exp.Expression]:
     if sum(len(t) for t in texts) > MAX_SQL_CHARS:
         raise ParseError(f"the batch is longer than {MAX_SQL_CHARS:,} characters; split it")
     out: list[exp.Expression] = []
-    logger = logging.getLogger("sqlglot")
-    level = logger.level
-    logger.setLevel(logging.ERROR)  # sqlglot warns when it falls back to Command parsing
-    try:
-        for text in texts:
-            try:
-                parsed = sqlglot.parse(text, dialect="duckdb")
-            except sqlglot.errors.ParseError as exc:
-                first = exc.errors[0] if exc.errors else {}
-                desc = str(first.get("description", "syntax error")).split(". Line")[0]
-                raise ParseError(
-                    f"could not parse SQL: {desc}", first.get("line"), first.get("col"),
-                    first.get("highlight"),
-                ) from None
-            except sqlglot.errors.TokenError as exc:
-                raise ParseError(f"could not read SQL: {exc}") from None
-            except RecursionError:
-                raise ParseError("the SQL is nested too deeply to parse") from None
-            out.extend(e for e in parsed
-                       if e is not None and not isinstance(e, exp.Semicolon))
-    finally:
-        logger.setLevel(level)
+    for text in texts:
+        try:
+            parsed = sqlglot.parse(text, dialect="duckdb")
+        except sqlglot.errors.ParseError as exc:
+            first = exc.errors[0] if exc.errors else {}
+            desc = str(first.get("description", "syntax error")).split(". Line")[0]
+            raise ParseError(
+                f"could not parse SQL: {desc}", first.get("line"), first.get("col"),
+                first.get("highlight"),
+            ) from None
+        except sqlglot.errors.TokenError as exc:
+            raise ParseError(f"could not read SQL: {exc}") from None
+        except RecursionError:
+            raise ParseError("the SQL is nested too deeply to parse") from None
+        out.extend(e for e in parsed
+                   if e is not None and not isinstance(e, exp.Semicolon))
     if not out:
         raise ParseError("no SQL statement given")
     return out

@@ -4,6 +4,10 @@ that is :mod:`dpsql.engines.duckdb`, called only by the kernel).
 It knows nothing of noise. It runs only SQL that dpsql generates from the declared
 policy (identifiers and literals quoted here); the analyst's SQL text is never executed.
 
+Schema. Every connection handed out has dpsql's tables at the current schema version (or
+none yet): :mod:`dpsql.store.schema` migrates an older database on opening and refuses one
+written by a newer dpsql.
+
 Connections. A DuckDB file can be open read-write in one OS process at a time, so dpsql
 opens the file for the duration of one operation and closes it after; a second process
 waiting for the file retries until ``lock_timeout``. Within a process a per-file lock
@@ -23,6 +27,7 @@ from typing import Iterator, Sequence
 
 import duckdb
 
+from dpsql.store import schema
 from dpsql.workload.domain import CategoricalDomain, IntegerDomain
 from dpsql.errors import EngineError, LockTimeoutError
 
@@ -76,13 +81,18 @@ class Database:
         ``owner=True`` gives a connection without the analyst restrictions, for data-owner
         operations that dpsql itself drives (loading the demo data). Analyst requests never
         get one.
+
+        Opening checks dpsql's schema version (:func:`dpsql.store.schema.check`): an older
+        database is migrated first (one transaction), a newer one refused.
         """
         with self._lock:
             if self._memory is not None:
+                schema.check(self._memory, repr(self.path))
                 yield self._memory
                 return
             con = self._open(owner)
             try:
+                schema.check(con, repr(self.path))
                 yield con
             finally:
                 con.close()
@@ -97,7 +107,8 @@ class Database:
             except duckdb.IOException as exc:
                 if "lock" not in str(exc).lower():
                     raise EngineError(
-                        f"could not open database {self.path!r} (engine message withheld)"
+                        f"could not open database {self.path!r} (engine message withheld); "
+                        "check that it is a DuckDB database file that you may read and write"
                     ) from None
                 if time.monotonic() >= deadline:
                     raise LockTimeoutError(
@@ -108,7 +119,8 @@ class Database:
                 delay = min(delay * 1.5, 0.1)
             except duckdb.Error:
                 raise EngineError(
-                    f"could not open database {self.path!r} (engine message withheld)"
+                    f"could not open database {self.path!r} (engine message withheld); "
+                    "check that it is a DuckDB database file that you may read and write"
                 ) from None
 
     def close(self) -> None:

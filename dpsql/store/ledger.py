@@ -1,6 +1,6 @@
 """The persistent privacy ledger, stored in the database's ``dpsql`` schema.
 
-Tables (readable with plain DuckDB):
+Tables (readable with plain DuckDB; created and migrated by :mod:`dpsql.store.schema`):
 
 - ``dpsql.policies``: one row per protected table, its validated policy as JSON.
 - ``dpsql.ledger``: one row per charge. Exact ε and δ as ``num/den`` text (the amounts that
@@ -13,8 +13,10 @@ Metric (d_X) releases are charged to the table's separate metric budget: their �
 distance goes to ``metric_epsilon_exact`` and their standard ε and δ are 0, so the two kinds
 of budget are never summed together.
 
-Totals: :func:`spent` composes the charges with the accountant of :mod:`dpsql.noise.composition`
-(basic composition, or zCDP when tighter); the budget check in :func:`charge` uses the same.
+Totals: :func:`total` reads the charges with the accountant of :mod:`dpsql.noise.composition` (a
+privacy filter with two routes, basic composition and zCDP, each with its own share of the
+table's δ; docs/accounting.md); the budget check in :func:`charge` uses the same. Nothing is
+ever rewritten: a policy saved before the δ split existed reads as basic composition alone.
 
 Atomicity: :func:`charge` runs inside one transaction on a connection that holds the
 database exclusively (see :mod:`dpsql.store.database`), so the budget check and the ledger insert
@@ -24,6 +26,8 @@ nothing.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Sequence
@@ -32,58 +36,10 @@ import duckdb
 
 from dpsql.noise import composition
 from dpsql.noise.accounting import PrivacyCost, fraction_from_text, fraction_to_text
+from dpsql.store import schema
 from dpsql.store.database import engine_errors
 from dpsql.errors import BudgetExceededError, PolicyError
 from dpsql.policy.policy import TablePolicy
-
-SCHEMA_SQL = [
-    "CREATE SCHEMA IF NOT EXISTS dpsql",
-    """CREATE TABLE IF NOT EXISTS dpsql.policies (
-        table_name VARCHAR PRIMARY KEY,
-        policy VARCHAR NOT NULL,
-        created_at TIMESTAMP NOT NULL DEFAULT current_timestamp)""",
-    """CREATE TABLE IF NOT EXISTS dpsql.ledger (
-        release_id BIGINT PRIMARY KEY,
-        created_at TIMESTAMP NOT NULL DEFAULT current_timestamp,
-        table_name VARCHAR NOT NULL,
-        epsilon DOUBLE NOT NULL,
-        delta DOUBLE NOT NULL,
-        epsilon_exact VARCHAR NOT NULL,
-        delta_exact VARCHAR NOT NULL,
-        rho DOUBLE,
-        mechanism VARCHAR NOT NULL,
-        strategy VARCHAR NOT NULL,
-        calibration VARCHAR,
-        sigma DOUBLE,
-        sensitivity DOUBLE,
-        n_queries BIGINT NOT NULL,
-        n_cells BIGINT NOT NULL,
-        expected_rmse DOUBLE,
-        sql_text VARCHAR NOT NULL,
-        result_tables VARCHAR[],
-        private BOOLEAN NOT NULL,
-        status VARCHAR NOT NULL,
-        release_name VARCHAR UNIQUE,
-        bound_ratio DOUBLE,
-        metric_epsilon DOUBLE,
-        metric_epsilon_exact VARCHAR,
-        request VARCHAR,
-        reused_from VARCHAR)""",
-    # ledgers written by earlier versions
-    "ALTER TABLE dpsql.ledger ADD COLUMN IF NOT EXISTS metric_epsilon DOUBLE",
-    "ALTER TABLE dpsql.ledger ADD COLUMN IF NOT EXISTS metric_epsilon_exact VARCHAR",
-    "ALTER TABLE dpsql.ledger ADD COLUMN IF NOT EXISTS request VARCHAR",
-    "ALTER TABLE dpsql.ledger ADD COLUMN IF NOT EXISTS reused_from VARCHAR",
-    # a new value each time the owner (re-)protects the table: past releases' measurements
-    # are reused only within one epoch (after reloading the data, protect(replace=True))
-    "ALTER TABLE dpsql.policies ADD COLUMN IF NOT EXISTS data_epoch VARCHAR",
-    """CREATE TABLE IF NOT EXISTS dpsql.release_tables (
-        release_id BIGINT NOT NULL,
-        statement_index INTEGER NOT NULL,
-        table_name VARCHAR NOT NULL,
-        sql_text VARCHAR NOT NULL,
-        n_rows BIGINT NOT NULL)""",
-]
 
 LEDGER_COLUMNS = (
     "release_id, created_at, table_name, epsilon, delta, mechanism, strategy, calibration, "
@@ -93,11 +49,8 @@ LEDGER_COLUMNS = (
 
 
 def ensure_schema(con) -> None:
-    from dpsql.store.strategy_cache import SCHEMA_SQL as CACHE_SQL
-
-    with engine_errors("creating dpsql's metadata schema"):
-        for stmt in SCHEMA_SQL + [CACHE_SQL]:
-            con.execute(stmt)
+    """Create dpsql's tables (or migrate them) at the current version: :mod:`dpsql.store.schema`."""
+    schema.ensure(con)
 
 
 def has_schema(con) -> bool:
@@ -118,8 +71,13 @@ def save_policy(con, policy: TablePolicy, *, replace: bool = False) -> None:
         if existing is not None:
             if not replace:
                 raise PolicyError(
-                    f"table {policy.table!r} is already protected; pass replace=True to change "
-                    "its policy (its ledger is kept and still counts against the new budget)")
+                    f"table {policy.table!r} is already protected; pass replace=True (`dpsql "
+                    "protect --replace`) to change its policy (its ledger is kept and still "
+                    "counts against the new budget)")
+            if "zcdp_delta" not in json.loads(existing[0]) and spends(con, policy.table):
+                # the table's releases were admitted by the rule before the δ split: keep it
+                # on basic composition alone, never more budget under its past releases
+                policy = dataclasses.replace(policy, zcdp_delta=Fraction(0))
             con.execute("UPDATE dpsql.policies SET policy = ?, data_epoch = "
                         "CAST(uuid() AS VARCHAR) WHERE table_name = ?",
                         [policy.to_json(), policy.table])
@@ -149,15 +107,36 @@ def spends(con, table: str) -> list:
                                  mechanism, rho) for eps, delta, mechanism, rho in rows]
 
 
-def spent(con, table: str) -> PrivacyCost:
-    """Total charged to ``table`` by the accountant (:mod:`dpsql.noise.composition`): basic
-    composition in exact fractions, or the zCDP total when that is smaller."""
-    return composition.compose(spends(con, table))[0]
+def _policy(con, policy: TablePolicy | str) -> TablePolicy:
+    if isinstance(policy, TablePolicy):
+        return policy
+    policies = load_policies(con)
+    if policy.lower() not in policies:
+        raise PolicyError(f"table {policy!r} is not protected")
+    return policies[policy.lower()]
 
 
-def accounting_method(con, table: str) -> str:
-    """``basic`` or ``zcdp``: which bound gives the table's current total."""
-    return composition.compose(spends(con, table))[1]
+def total(con, policy: TablePolicy | str) -> composition.Total:
+    """The accountant's reading of the table's charges against its budget (a policy, or the
+    name of a protected table)."""
+    policy = _policy(con, policy)
+    return composition.compose(spends(con, policy.table), policy.budget)
+
+
+def spent(con, policy: TablePolicy | str) -> PrivacyCost:
+    """The (ε, δ) reported as spent on the table (:meth:`composition.Total.reported`): basic
+    composition while it covers every release, then the zCDP route's ``(ε(Σρ, δ_z), δ_z)``.
+    A table whose policy is not stored reads as basic composition."""
+    if isinstance(policy, str) and policy.lower() not in load_policies(con):
+        return composition.compose(spends(con, policy.lower()),
+                                   composition.Budget(0, 0)).basic
+    policy = _policy(con, policy)
+    return total(con, policy).reported(policy.budget)
+
+
+def accounting_method(con, policy: TablePolicy | str) -> str:
+    """``basic`` or ``zcdp``: which route gives the table's reported total."""
+    return total(con, policy).method
 
 
 def check_fits(con, policy: TablePolicy, cost: PrivacyCost, mechanism: str,
@@ -165,7 +144,7 @@ def check_fits(con, policy: TablePolicy, cost: PrivacyCost, mechanism: str,
     """Refuse a request the budget cannot take under the accountant (writes nothing)."""
     composition.check(policy.table, spends(con, policy.table),
                       composition.Spend.of(cost.epsilon, cost.delta, mechanism, rho),
-                      PrivacyCost(policy.epsilon, policy.delta))
+                      policy.budget)
 
 
 def spent_metric(con, table: str) -> Fraction:
@@ -223,13 +202,13 @@ def charge(con, policy: TablePolicy, request: Charge) -> tuple[int, list[str]]:
     Raises :class:`BudgetExceededError` (nothing written) when it does not fit.
     """
     ensure_schema(con)
-    limit = PrivacyCost(policy.epsilon, policy.delta)
     with engine_errors("charging the ledger"):
         con.execute("BEGIN TRANSACTION")
     try:
         composition.check(policy.table, spends(con, policy.table),
                           composition.Spend.of(request.cost.epsilon, request.cost.delta,
-                                               request.mechanism, request.rho), limit)
+                                               request.mechanism, request.rho),
+                          policy.budget)
         if request.metric_epsilon is not None:
             check_metric(con, policy, request.metric_epsilon)
         with engine_errors("charging the ledger"):
@@ -323,9 +302,13 @@ def entries(con, table: str | None = None) -> list[dict]:
         return [dict(zip(names, row)) for row in cur.fetchall()]
 
 
-def remaining(policy: TablePolicy, used: PrivacyCost) -> PrivacyCost:
-    return PrivacyCost(policy.epsilon - used.epsilon, policy.delta - used.delta)
+def remaining(policy: TablePolicy, reading: composition.Total) -> PrivacyCost:
+    """What is left, never below 0: ε against the reported total, δ what basic composition may
+    still charge (``δ_B − δ_z − Σ δᵢ``; the zCDP route spends ρ, not δ)."""
+    used = reading.reported(policy.budget)
+    return PrivacyCost(max(policy.epsilon - used.epsilon, Fraction(0)),
+                       max(policy.budget.basic_delta - reading.basic.delta, Fraction(0)))
 
 
 __all__ = ["Charge", "charge", "ensure_schema", "entries", "load_policies", "mark_released",
-           "remaining", "save_policy", "spent", "spent_metric", "Fraction"]
+           "remaining", "save_policy", "spent", "spent_metric", "total", "Fraction"]

@@ -12,11 +12,13 @@ are linear in the noise; Laplace noise: a bound on the quantile of the Laplace s
 from __future__ import annotations
 
 import math
+import unicodedata
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from dpsql.store.database import key_sql_type
+from dpsql.errors import UnsupportedQueryError
 
 Z95 = 1.959963984540054  # Φ⁻¹(0.975)
 
@@ -171,6 +173,54 @@ class Release:
         if self.reused:
             head += f"  [recorded answers of release {self.name!r}; nothing charged]"
         return head + "\n\n" + "\n\n".join(str(r) for r in self.results)
+
+
+#: longest result table name (characters); DuckDB has no limit, but a name this long is a
+#: mistake, and every interface prints it
+MAX_RESULT_NAME = 128
+
+#: result names starting with these (any case) are refused: dpsql's own tables and DuckDB's
+#: catalog views (a table of that name in main would shadow them)
+RESERVED_PREFIXES = ("dpsql", "duckdb_", "pg_", "sqlite_", "information_schema")
+
+
+def check_result_names(queries, protected) -> set:
+    """Refuse result table names that could not be written or would clash; the lower-cased
+    names given. Public inputs only (the query text and the protected tables' names), so
+    ``explain`` and ``answer`` call it while planning, before any charge: a name refused
+    here never costs budget (docs/threat-model.md).
+
+    Refused: an empty name, one with leading or trailing whitespace (so a whitespace-only
+    one), control or invisible format characters (NUL, newline, zero-width space), more than
+    :data:`MAX_RESULT_NAME` characters, a protected table's name, a name starting with one
+    of :data:`RESERVED_PREFIXES`, and two statements naming the same table in any case."""
+    names: set = set()
+    for q in queries:
+        name = q.target
+        if name is None:
+            continue
+        where = f"statement {q.index + 1}: result table name {name[:40]!r}"
+        if not name.strip():
+            raise UnsupportedQueryError(f"statement {q.index + 1}: the result table name is "
+                                        f"empty or blank ({name!r}); name the table")
+        if name != name.strip():
+            raise UnsupportedQueryError(f"{where} starts or ends with whitespace; drop it")
+        if any(unicodedata.category(ch)[0] in "CZ" and ch != " " for ch in name):
+            raise UnsupportedQueryError(f"{where} contains a control, invisible or "
+                                        "non-space whitespace character; use plain characters")
+        if len(name) > MAX_RESULT_NAME:
+            raise UnsupportedQueryError(f"{where}... has {len(name)} characters, more than the "
+                                        f"limit of {MAX_RESULT_NAME}; use a shorter name")
+        low = name.lower()
+        if low in protected or low.startswith(RESERVED_PREFIXES):
+            raise UnsupportedQueryError(
+                f"result table name {name!r} is reserved (a protected table, dpsql's or "
+                "DuckDB's catalog); choose another name")
+        if low in names:
+            raise UnsupportedQueryError(f"result table {name!r} is named twice in the batch "
+                                        "(names are case-insensitive)")
+        names.add(low)
+    return names
 
 
 def build_columns(output, policy, answers: np.ndarray, stderr: np.ndarray,

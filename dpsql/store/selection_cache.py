@@ -10,7 +10,8 @@ measurements at the request's ε and δ. So one entry serves every ε, δ and ca
 hit rebuilds the identical :class:`~dpsql.store.results.Explanation` (same numbers, bit for bit)
 by the same arithmetic, without any factorisation.
 
-Table ``dpsql.selection_cache``, one row per request shape:
+Table ``dpsql.selection_cache`` (created and migrated by :mod:`dpsql.store.schema`, like
+the other two here), one row per request shape:
 
 - ``key``: SHA-256 of :data:`FORMAT`, the exact rows of ``W`` (:func:`workload_hash`), the
   domain shape, whether ``auto`` asked (it skips strategies over its time limit), and each
@@ -47,35 +48,13 @@ from dataclasses import dataclass, field
 import duckdb
 import numpy as np
 
+from dpsql.store import schema
 from dpsql.store.database import engine_errors
 from dpsql.errors import StrategyError
 from dpsql.sql.compile import workload_hash
 
 #: bump when what an entry means changes (strategies' code, the entry layout)
 FORMAT = "dpsql-selection-1"
-
-SCHEMA_SQL = [
-    """CREATE TABLE IF NOT EXISTS dpsql.selection_cache (
-        key VARCHAR PRIMARY KEY,
-        workload_hash VARCHAR NOT NULL,
-        n_queries BIGINT NOT NULL,
-        n_cells BIGINT NOT NULL,
-        svdb DOUBLE NOT NULL,
-        candidates VARCHAR NOT NULL,
-        factors BLOB NOT NULL,
-        created_at TIMESTAMP NOT NULL DEFAULT current_timestamp)""",
-    """CREATE TABLE IF NOT EXISTS dpsql.solver_cache (
-        solver_key VARCHAR PRIMARY KEY,
-        n BIGINT NOT NULL,
-        factor BLOB NOT NULL,
-        created_at TIMESTAMP NOT NULL DEFAULT current_timestamp)""",
-    """CREATE TABLE IF NOT EXISTS dpsql.halfwidth_cache (
-        key VARCHAR PRIMARY KEY,
-        n_queries BIGINT NOT NULL,
-        units BLOB NOT NULL,
-        created_at TIMESTAMP NOT NULL DEFAULT current_timestamp)""",
-]
-
 
 @dataclass(frozen=True)
 class PlanSummary:
@@ -112,18 +91,6 @@ class Evaluation:
     status: str = "ok"                               # ok, skipped, error
     plan_key: str | None = None                      # its matrix in the strategy cache
     solver: object = field(default=None, repr=False)
-
-
-def ensure_schema(con) -> None:
-    try:
-        con.execute("SELECT 1 FROM dpsql.selection_cache, dpsql.solver_cache, "
-                    "dpsql.halfwidth_cache LIMIT 0")
-        return
-    except duckdb.Error:
-        pass
-    con.execute("CREATE SCHEMA IF NOT EXISTS dpsql")
-    for stmt in SCHEMA_SQL:
-        con.execute(stmt)
 
 
 def cached_hash(workload) -> str:
@@ -168,7 +135,7 @@ def load(con, entry_key: str, w_hash: str, workload, names) -> tuple | None:
     """``(svdb, [Evaluation])`` stored under ``entry_key``, or None when absent or when
     anything about it does not fit the request (then it is recomputed)."""
     with engine_errors("reading the selection cache"):
-        ensure_schema(con)
+        schema.ensure(con)
         row = con.execute("SELECT workload_hash, n_queries, n_cells, svdb, candidates, "
                           "factors FROM dpsql.selection_cache WHERE key = ?",
                           [entry_key]).fetchone()
@@ -243,7 +210,7 @@ def store(con, entry_key: str, w_hash: str, workload, total: float, evaluations)
         blobs.append(np.ascontiguousarray(e.factors, dtype=np.float64).tobytes())
     text = json.dumps(items, default=float)
     with engine_errors("writing the selection cache"):
-        ensure_schema(con)
+        schema.ensure(con)
         con.execute("INSERT OR REPLACE INTO dpsql.selection_cache (key, workload_hash, "
                     "n_queries, n_cells, svdb, candidates, factors) VALUES (?, ?, ?, ?, ?, ?, ?)",
                     [entry_key, w_hash, int(workload.n_queries), int(workload.n_cells),
@@ -263,7 +230,7 @@ def store_factor(con, solver_key: str, factor: np.ndarray) -> None:
     """Remember a chosen plan's lower Cholesky factor (upper triangle zeroed)."""
     L = np.tril(np.asarray(factor, dtype=np.float64))
     with engine_errors("writing the selection cache"):
-        ensure_schema(con)
+        schema.ensure(con)
         con.execute("INSERT OR REPLACE INTO dpsql.solver_cache (solver_key, n, factor) "
                     "VALUES (?, ?, ?)", [solver_key, int(L.shape[0]), L.tobytes()])
 
@@ -286,7 +253,7 @@ def factor_loader(con, solver_key: str, n: int):
 
 def has_factor(con, solver_key: str) -> bool:
     with engine_errors("reading the selection cache"):
-        ensure_schema(con)
+        schema.ensure(con)
         return con.execute("SELECT 1 FROM dpsql.solver_cache WHERE solver_key = ?",
                            [solver_key]).fetchone() is not None
 
@@ -300,7 +267,7 @@ def halfwidth_key(solver_key: str, w_hash: str, level: float) -> str:
 def load_units(con, name: str, m: int) -> np.ndarray | None:
     """Stored unit-scale half-widths (``m`` finite values >= 0), or None."""
     with engine_errors("reading the selection cache"):
-        ensure_schema(con)
+        schema.ensure(con)
         row = con.execute("SELECT n_queries, units FROM dpsql.halfwidth_cache WHERE key = ?",
                           [name]).fetchone()
     if row is None or row[0] != m or len(row[1]) != 8 * m:
@@ -311,7 +278,7 @@ def load_units(con, name: str, m: int) -> np.ndarray | None:
 
 def store_units(con, name: str, units: np.ndarray) -> None:
     with engine_errors("writing the selection cache"):
-        ensure_schema(con)
+        schema.ensure(con)
         con.execute("INSERT OR REPLACE INTO dpsql.halfwidth_cache (key, n_queries, units) "
                     "VALUES (?, ?, ?)", [name, int(len(units)),
                                          np.ascontiguousarray(units, np.float64).tobytes()])

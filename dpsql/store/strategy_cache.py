@@ -13,6 +13,9 @@ chose are stored too, under :func:`rows_fingerprint` (the selection cache,
 :mod:`dpsql.store.selection_cache`, names them). Value: the plan's matrix as int32 numerators of
 its 2**-20 grid, dense (row-major), or sparse (CSR: ``indptr`` and ``indices`` as int64).
 
+Table ``dpsql.strategy_cache`` is created and migrated by :mod:`dpsql.store.schema` (caches of
+dense plans written before sparse plans gain the ``indptr`` and ``indices`` columns there).
+
 Nothing here is trusted for privacy: on load the matrix is checked to be on the grid and
 well formed, and its sensitivities are recomputed exactly (a modified cache can change
 accuracy, never the guarantee).
@@ -23,52 +26,16 @@ from __future__ import annotations
 import hashlib
 import json
 
-import duckdb
 import numpy as np
 import scipy.sparse as sp
 
-from dpsql.store import selection_cache
+from dpsql.store import schema
 from dpsql.store.database import engine_errors
 from dpsql.sql.compile import workload_hash
 from dpsql.workload.matrix import (QUANTUM_BITS, Plan, WorkloadInfo, exact_l1_sensitivity,
                               exact_l2_sensitivity)
 
-TABLE_SQL = """CREATE TABLE IF NOT EXISTS dpsql.strategy_cache (
-    fingerprint VARCHAR PRIMARY KEY,
-    strategy VARCHAR NOT NULL,
-    n BIGINT NOT NULL,
-    rows BIGINT NOT NULL,
-    matrix BLOB NOT NULL,
-    notes VARCHAR NOT NULL,
-    seconds DOUBLE NOT NULL,
-    created_at TIMESTAMP NOT NULL DEFAULT current_timestamp,
-    indptr BLOB,
-    indices BLOB)"""
-
-#: caches written by earlier versions (dense plans only) gain the sparse columns
-MIGRATE_SQL = (
-    "ALTER TABLE dpsql.strategy_cache ADD COLUMN IF NOT EXISTS indptr BLOB",
-    "ALTER TABLE dpsql.strategy_cache ADD COLUMN IF NOT EXISTS indices BLOB",
-)
-
-#: every cache table, migrated (one script: ``ledger.ensure_schema`` runs it with dpsql's
-#: own tables, so the caches exist, like the ledger, from the first ``protect``)
-SCHEMA_SQL = ";\n".join([TABLE_SQL, *MIGRATE_SQL, *selection_cache.SCHEMA_SQL])
-
 MODEL = "gaussian-l2"
-
-
-def ensure_schema(con) -> None:
-    """Create (or migrate) the cache table (a cheap probe first: DDL costs a millisecond)."""
-    try:
-        con.execute("SELECT indptr, indices FROM dpsql.strategy_cache LIMIT 0")
-        return
-    except duckdb.Error:
-        pass
-    con.execute("CREATE SCHEMA IF NOT EXISTS dpsql")
-    con.execute(TABLE_SQL)
-    for stmt in MIGRATE_SQL:
-        con.execute(stmt)
 
 
 def _model(family: str) -> str:
@@ -107,7 +74,7 @@ def load_entry(con, key: str) -> tuple[Plan, str] | None:
     """``(plan, digest)``: the cached plan for ``key``, re-verified, and :func:`digest` of
     its stored matrix; or None (absent or malformed)."""
     with engine_errors("reading the strategy cache"):
-        ensure_schema(con)
+        schema.ensure(con)
         row = con.execute("SELECT strategy, n, rows, matrix, notes, indptr, indices "
                           "FROM dpsql.strategy_cache WHERE fingerprint = ?", [key]).fetchone()
     if row is None:
@@ -157,7 +124,7 @@ def _decode(name, n, rows, blob, notes, indptr, indices) -> Plan | None:
 def has(con, key: str) -> bool:
     """Whether an entry is stored under ``key`` (not verified)."""
     with engine_errors("reading the strategy cache"):
-        ensure_schema(con)
+        schema.ensure(con)
         return con.execute("SELECT 1 FROM dpsql.strategy_cache WHERE fingerprint = ?",
                            [key]).fetchone() is not None
 
@@ -203,7 +170,7 @@ def store(con, key: str, plan: Plan, seconds: float) -> str | None:
     notes = json.dumps([list(x) if isinstance(x, tuple) else x for x in plan.notes],
                        default=float)
     with engine_errors("writing the strategy cache"):
-        ensure_schema(con)
+        schema.ensure(con)
         con.execute("INSERT OR REPLACE INTO dpsql.strategy_cache (fingerprint, strategy, n, "
                     "rows, matrix, notes, seconds, indptr, indices) "
                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",

@@ -92,7 +92,7 @@ _TOKEN = re.compile(r"""
   | (?P<name>[A-Za-z_][A-Za-z0-9_]*)
   | (?P<string>'[^']*'|"[^"]*")
   | (?P<punct>[(),=])
-""", re.VERBOSE)
+""", re.VERBOSE | re.ASCII)     # ASCII digits only: "\d" would also read "١" as 1
 
 
 def _fmt(value) -> str:
@@ -107,6 +107,10 @@ def _tokens(spec: str) -> list[tuple[str, str, int]]:
     out, pos = [], 0
     while pos < len(spec):
         m = _TOKEN.match(spec, pos)
+        if m is None and not spec[pos].isascii():
+            raise StrategyError(f"strategy spec {spec!r}: non-ASCII character {spec[pos]!r} at "
+                                f"position {pos + 1}; write names and numbers in ASCII "
+                                "(digits 0-9)")
         if m is None:
             raise StrategyError(f"strategy spec {spec!r}: unexpected character {spec[pos]!r} "
                                 f"at position {pos + 1}; write name(option=value, ...)")

@@ -429,7 +429,7 @@ def domain_from_spec(table: str, column: str, spec: Any) -> Domain:
         "integer": {"type", "min", "max", "step", "nullable"},
         "numeric": {"type", "min", "max", "edges", "nullable"},
     }
-    if kind not in allowed:
+    if not isinstance(kind, str) or kind not in allowed:
         raise PolicyError(
             f"table {table!r}, column {column!r}: type must be one of categorical, integer, "
             f"numeric; got {kind!r}"

@@ -14,7 +14,7 @@ from typing import Callable, Iterable
 from prompt_toolkit.completion import Completer, Completion
 
 from dpsql.interfaces.shell import metacommands
-from dpsql.interfaces.shell.settings import FLAGS, MODELS, SETTINGS, TARGETS
+from dpsql.interfaces.shell.settings import DECLARED, FLAGS, SETTINGS, TARGETS
 
 KEYWORDS = (
     "SELECT", "FROM", "WHERE", "GROUP BY", "COUNT(*)", "COUNT", "AND", "OR", "NOT", "IN",
@@ -91,8 +91,10 @@ class DpsqlCompleter(Completer):
             yield from _matching(args[0], SETTINGS, "setting", case=False)
         elif name == "\\set" and len(args) == 2 and args[0].lower() == "strategy":
             yield from _matching(args[1], strategy_words(), "strategy", case=False)
-        elif name == "\\set" and len(args) == 2 and args[0].lower() == "model":
-            yield from _matching(args[1], MODELS, "model", case=False)
+        elif name == "\\set" and len(args) == 2 and args[0].lower() in DECLARED \
+                and DECLARED[args[0].lower()].choices:
+            key = args[0].lower()
+            yield from _matching(args[1], DECLARED[key].choices, key, case=False)
         elif name == "\\set" and len(args) == 2 and args[0].lower() in FLAGS:
             yield from _matching(args[1], ("on", "off"), "value", case=False)
         elif name == "\\set" and len(args) == 2 and args[0].lower() in TARGETS:

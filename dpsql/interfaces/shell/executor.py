@@ -23,7 +23,8 @@ import csv
 import re
 from fractions import Fraction
 
-from dpsql.errors import DpsqlError
+from dpsql.errors import (EX_DATAERR, EXIT_INTERRUPTED, DpsqlError, NoTerminal, exit_status,
+                          one_line)
 from dpsql.store.results import format_table
 from dpsql.session import InterruptedAfterRelease
 from dpsql.sql.parse import parse_batch
@@ -64,11 +65,6 @@ class _Unprotected(Exception):
     """parse for the confirmation check met a table that is not protected."""
 
 
-class NoTerminal(DpsqlError):
-    """Raised by a confirm callback that has no terminal to ask on: nothing was spent. The
-    executor adds how to spend without asking."""
-
-
 SKIP_SHARE = "pass --confirm-share 1 to spend it without asking"
 SKIP_TARGET = "pass --confirm (or \\set confirm on) to spend it without asking"
 
@@ -85,7 +81,8 @@ class Executor:
         self.csv_output = csv_output
         self.show_progress = show_progress
         self.stop_on_error = stop_on_error
-        self.failed = False             # any error so far (batch exit status)
+        self.failed = False             # any error so far
+        self.status = 0                 # exit status of the first error (dpsql.errors table)
         self.cancelled = False          # a request was stopped by Ctrl-C
 
     # ------------------------------------------------------------------ output
@@ -96,8 +93,12 @@ class Executor:
         """Remarks that are not results (to stderr in CSV mode, keeping stdout clean)."""
         print(text, file=self.err if self.csv_output else self.out, flush=True)
 
-    def error(self, message: str) -> None:
+    def error(self, error: BaseException | str) -> None:
+        """Print an error as one line; the first one sets the batch's exit status."""
         self.failed = True
+        if not self.status:
+            self.status = exit_status(error) if isinstance(error, BaseException) else EX_DATAERR
+        message = one_line(error) if isinstance(error, BaseException) else error
         print(f"error: {message}", file=self.err, flush=True)
 
     # ------------------------------------------------------------------ submissions
@@ -133,15 +134,12 @@ class Executor:
         """Call ``fn``; print any error as one line. Returns fn's value (None on error)."""
         try:
             return fn(*args)
-        except DpsqlError as exc:
-            self.error(str(exc))
         except KeyboardInterrupt:
             self._cancel("cancelled")
         except BrokenPipeError:
             raise           # the reader of our output went away: app.main exits quietly
-        except Exception as exc:  # never a traceback: it could carry data values
-            self.error(f"internal error ({type(exc).__name__}); details withheld because "
-                       "they could contain data; please report it")
+        except Exception as exc:  # never a traceback: a non-dpsql one could carry data
+            self.error(exc)         # its row in dpsql.errors.ERROR_TABLE (internal: 70)
         finally:
             try:
                 self.state.refresh()
@@ -222,6 +220,7 @@ class Executor:
     def _cancel(self, message: str) -> None:
         """Ctrl-C stopped a request: say what was (not) charged; a batch stops here."""
         self.failed = self.cancelled = True
+        self.status = self.status or EXIT_INTERRUPTED
         self.note(message)
 
     def _print_release(self, release, model: str = "dp") -> None:
@@ -279,7 +278,7 @@ class Executor:
         try:
             return bool(self.confirm(reason))
         except NoTerminal as exc:
-            raise DpsqlError(f"{exc}; {skip}") from None
+            raise NoTerminal(f"{exc}; {skip}") from None
 
     def _confirmed_target(self, expl, delta) -> bool:
         """Accuracy first: show the smallest epsilon found (with delta and strategy) and ask

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from dpsql.errors import DpsqlError, PolicyError
-from dpsql.interfaces.shell.settings import SETTINGS, show_exact
+from dpsql.errors import DpsqlError, UnknownTableError
+from dpsql.interfaces.shell.settings import ASKS, SETTINGS, show_exact
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,8 @@ def _table(ex, arg: str) -> str:
         raise DpsqlError("name a table (\\tables lists the protected tables)")
     if name not in policies:
         known = ", ".join(sorted(policies)) or "none"
-        raise PolicyError(f"table {arg.strip() or name!r} is not protected (protected: {known})")
+        raise UnknownTableError(
+            f"table {arg.strip() or name!r} is not protected (protected: {known})")
     return name
 
 
@@ -91,8 +92,8 @@ def _help(ex, arg):
 
 
 @command("\\set", "\\set [NAME [VALUE]]",
-         "show the settings, or set one: epsilon or target_rmse or max_stderr, delta, "
-         "strategy, model, nonnegative, integer, reuse, confirm, confirm_share")
+         "show the settings, or set one: " + " or ".join(k for k in SETTINGS if k in ASKS)
+         + ", " + ", ".join(k for k in SETTINGS if k not in ASKS))
 def _set(ex, arg):
     parts = arg.split(None, 1)
     if not parts:

@@ -17,48 +17,26 @@ from fractions import Fraction
 
 from dpsql.errors import show_exact  # noqa: F401  (re-exported for the shell modules)
 
-from dpsql.noise.accounting import validate_delta, validate_epsilon
 from dpsql.errors import DpsqlError, PrivacyParameterError
-from dpsql.sql.script import MODELS  # noqa: F401  (re-exported for the completer)
-from dpsql.interfaces.scripts import check_asks, check_model, check_strategy, check_target
-from dpsql.sql.script import ASKS   # how a query asks: by one of them at most
+from dpsql.request import ASKS, check_asks, settings_for
 
-DEFAULT_CONFIRM_SHARE = Fraction(1, 4)
-SETTINGS = ("epsilon", "target_rmse", "max_stderr", "delta", "strategy", "model",
-            "nonnegative", "integer", "reuse", "confirm", "confirm_share")
-TARGETS = ASKS[1:]
-FLAGS = ("nonnegative", "integer", "reuse", "confirm")
-ON, OFF = ("on", "true", "yes", "1"), ("off", "false", "no", "0")
+#: the settings the shell exposes (``\set NAME VALUE`` and ``dpsql shell --NAME VALUE``),
+#: in the order ``\set`` lists them: all declared in :data:`dpsql.request.SETTINGS`
+DECLARED = {s.name: s for s in settings_for("shell")}
+SETTINGS = tuple(DECLARED)
+TARGETS = tuple(k for k in ASKS[1:] if k in DECLARED)
+FLAGS = tuple(k for k, s in DECLARED.items() if s.kind == "flag")
+DEFAULT_CONFIRM_SHARE = DECLARED["confirm_share"].default
 #: the targets read "off" to unset them (back to asking by epsilon)
 UNSET = ("off", "none")
 
 
-def _number(text: str, name: str, example: str) -> Fraction:
-    raw = str(text).strip()
-    try:
-        return Fraction(raw)
-    except (ValueError, ZeroDivisionError):
-        raise PrivacyParameterError(
-            f"{name} must be a number such as {example}, got {raw!r}") from None
-
-
-def parse_epsilon(text: str) -> Fraction:
-    return validate_epsilon(_number(text, "epsilon", "0.1"))
-
-
-def parse_delta(text: str) -> Fraction:
-    """delta = 0 asks for pure epsilon-DP (Laplace noise, or mwem)."""
-    return validate_delta(_number(text, "delta", "1e-6"))
-
-
-def parse_strategy(text: str) -> str:
-    """``auto``, a strategy name, or a spec with options: ``eigen(principal_vectors=8)``."""
-    return check_strategy(str(text))
-
-
-def parse_model(text: str) -> str:
-    """``dp`` (differential privacy) or ``metric`` (d_X privacy under the table's metric)."""
-    return check_model(str(text))
+def parse(key: str, text: str):
+    """A ``\\set`` value, with the setting's declared parser (the same messages as every
+    other interface); an accuracy target also reads ``off`` (unset it)."""
+    if key in TARGETS and str(text).strip().lower() in UNSET:
+        return None
+    return DECLARED[key].parse(str(text), "shell")
 
 
 def show_target(value) -> str:
@@ -66,64 +44,22 @@ def show_target(value) -> str:
     return f"{float(value):g}"
 
 
-def parse_target(text: str, name: str = "target_rmse") -> Fraction | None:
-    """An accuracy target in counts (a positive number), or ``off`` to unset it."""
-    raw = str(text).strip()
-    if raw.lower() in UNSET:
-        return None
-    value = _number(raw, name, "50")
-    check_target(value, name)
-    return value
-
-
-def parse_flag(text: str, name: str) -> bool:
-    """``on`` or ``off`` (``true``/``false``, ``yes``/``no``, ``1``/``0`` work too)."""
-    raw = str(text).strip().lower()
-    if raw in ON or raw in OFF:
-        return raw in ON
-    raise DpsqlError(f"{name} must be on or off (true or false), got {str(text).strip()!r}")
-
-
-def parse_share(text: str) -> Fraction:
-    raw = str(text).strip()
-    percent = raw.endswith("%")
-    share = _number(raw[:-1] if percent else raw, "confirm_share", "0.25 or 25%")
-    if percent:
-        share /= 100
-    if not 0 <= share <= 1:
-        raise DpsqlError(
-            f"confirm_share must be between 0 and 1 (or 0% and 100%), got {raw!r}; "
-            "0 asks before every release, 1 never asks")
-    return share
-
-
-PARSERS = {"epsilon": parse_epsilon, "delta": parse_delta, "strategy": parse_strategy,
-           "model": parse_model, "confirm_share": parse_share,
-           **{k: (lambda text, k=k: parse_target(text, k)) for k in TARGETS},
-           **{k: (lambda text, k=k: parse_flag(text, k)) for k in FLAGS}}
-
-
 class ShellState:
     """The session, the privacy settings, the table in use and its cached budget."""
 
-    def __init__(self, session, *, epsilon=None, delta=None, strategy: str = "auto",
-                 model: str = "dp", confirm_share: Fraction = DEFAULT_CONFIRM_SHARE,
-                 interactive: bool = True, target_rmse=None, max_stderr=None,
-                 nonnegative: bool = False, integer: bool = False, confirm: bool = False,
-                 reuse: bool = True):
-        check_asks(epsilon, target_rmse, max_stderr, flags=True, who="query")
+    def __init__(self, session, *, interactive: bool = True, **settings):
+        """``settings``: any declared shell setting (parsed values: ``Fraction``, ``bool``,
+        text); the others take their declared defaults."""
+        unknown = set(settings) - set(DECLARED)
+        if unknown:
+            raise TypeError(f"unknown shell setting(s) {sorted(unknown)}")
+        values = {k: settings.get(k, s.default) for k, s in DECLARED.items()}
+        values = {k: v if v is None else DECLARED[k].parse(v)   # None: not set yet
+                  for k, v in values.items()}
+        check_asks(*(values[k] for k in ASKS), interface="cli", who="query")
+        for key, value in values.items():
+            setattr(self, key, value)
         self.session = session
-        self.epsilon: Fraction | None = epsilon
-        self.target_rmse: Fraction | None = target_rmse
-        self.max_stderr: Fraction | None = max_stderr
-        self.nonnegative = nonnegative
-        self.integer = integer
-        self.reuse = reuse
-        self.confirm = confirm
-        self.delta: Fraction | None = delta
-        self.strategy = strategy
-        self.model = model
-        self.confirm_share = confirm_share
         self.interactive = interactive
         self.table: str | None = None      # the table in use (last queried)
         self.budget: dict | None = None    # its cached budget (refresh())
@@ -132,12 +68,12 @@ class ShellState:
     def set(self, name: str, text: str) -> str:
         """Validate and store one setting; return how it now reads."""
         key = name.strip().lower()
-        if key not in PARSERS:
+        if key not in DECLARED:
             raise DpsqlError(f"unknown setting {name.strip()!r}; settings are "
                              f"{', '.join(SETTINGS)}")
         if not str(text).strip():
             raise DpsqlError(f"\\set {key} needs a value, e.g. {self.example(key)}")
-        value = PARSERS[key](text)
+        value = parse(key, text)
         dropped = []
         if key in ASKS and value is not None:   # a query asks by one of them: unset the others
             dropped = [f"{k} {show_target(getattr(self, k))}" for k in ASKS
@@ -152,13 +88,7 @@ class ShellState:
 
     @staticmethod
     def example(key: str) -> str:
-        return {"epsilon": "\\set epsilon 0.1", "delta": "\\set delta 1e-6",
-                "strategy": "\\set strategy auto", "model": "\\set model dp",
-                "confirm_share": "\\set confirm_share 25%",
-                "target_rmse": "\\set target_rmse 50", "max_stderr": "\\set max_stderr 10",
-                "nonnegative": "\\set nonnegative on", "integer": "\\set integer on",
-                "reuse": "\\set reuse off",
-                "confirm": "\\set confirm on"}[key]
+        return f"\\set {key} {DECLARED[key].example_text('shell')}"
 
     def show(self, key: str) -> str:
         value = getattr(self, key)
@@ -213,15 +143,16 @@ class ShellState:
         missing = [k for k in ("epsilon", "delta") if getattr(self, k) is None
                    and (need_epsilon or k == "delta")]
         if missing:
-            values = {"epsilon": "0.1", "delta": "1e-6"}
-            how = (" and ".join(f"\\set {k} {values[k]}" for k in missing)
+            option = {k: f"{DECLARED[k].spelled('cli')} {DECLARED[k].example}"
+                      for k in (*missing, TARGETS[0])}
+            how = (" and ".join(self.example(k) for k in missing)
                    + ", or start the shell with "
-                   + " ".join(f"--{k} {values[k]}" for k in missing) if self.interactive else
-                   "pass " + " ".join(f"--{k} {values[k]}" for k in missing)
-                   + " (your own values)")
+                   + " ".join(option[k] for k in missing) if self.interactive else
+                   "pass " + " ".join(option[k] for k in missing) + " (your own values)")
             if "epsilon" in missing:
-                how += ("; or ask by accuracy: " + ("\\set target_rmse 50" if self.interactive
-                                                     else "--target-rmse 50"))
+                how += ("; or ask by accuracy: " + (self.example(TARGETS[0])
+                                                     if self.interactive
+                                                     else option[TARGETS[0]]))
             raise PrivacyParameterError(
                 f"{' and '.join(missing)} not set: there is no safe default for what a "
                 f"query may spend; choose it first, e.g. {how}")

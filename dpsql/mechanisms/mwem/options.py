@@ -232,3 +232,129 @@ class MWEMResult:
     @property
     def epsilon(self) -> Fraction:
         return sum((s[2] for s in self.spends), Fraction(0))
+
+
+# ---------------------------------------------------------------------------------------
+# Checks before the charge: every spend's ε and the run's time, from public inputs only
+
+#: a round's fixed cost in work units (about nanoseconds on one core): the oracle's two
+#: secure-sampler calls and the bookkeeping (measured: 2-4 ms a round on Adult)
+ROUND_COST = 2_000_000
+#: a round's cost per cell and per nonzero of the block's queries (estimates, scores)
+CELL_COST = 200
+#: fixed cost of one MW update (or renormalisation) besides its cells (measured: 20-30 µs)
+UPDATE_COST = 30_000
+#: an update's or renormalisation's cost per cell it touches
+UPDATE_CELL_COST = 50
+#: the largest predicted work of one MWEM run, in the same units: about five minutes on one
+#: core (calibrated on Adult, benchmarks/mwem_adult.py's runs predict well below it).
+#: Checked before the charge (:func:`check_run`), so a run that would not finish is refused,
+#: not charged and then killed
+MAX_WORK = 300 * 10**9
+
+
+def _rounds_bound(blocks, options) -> tuple[int, list]:
+    """(largest number of rounds a run can take, the blocks that get rounds)."""
+    active = [b for b in blocks if b.n_queries > 0]
+    weighted = [b for b in active if b.n_cells > 1] or active
+    if options.rounds == "auto":
+        return len(weighted) * (2 ** options.max_stages - 1), active
+    return options.rounds, active
+
+
+def step_epsilons(blocks, epsilon, options) -> dict:
+    """The smallest ε each kind of spend of a run gets (exact): ``total`` (the row count),
+    ``init`` (each block's initial histogram or marginals), ``round`` (each selection and
+    each measurement: half a round's budget). Mirrors :func:`dpsql.mechanisms.mwem.core.run_mwem`'s split."""
+    eps = to_exact(epsilon, "epsilon")
+    T, active = _rounds_bound(blocks, options)
+    eps_total = eps * options.total_share
+    eps_init = eps * options.init_share
+    eps_rounds = eps - eps_total - eps_init
+    if options.rounds == "auto":
+        e = eps_rounds / T              # T = T0 (2^S - 1): the fixed per-round budget
+    else:
+        e = eps_rounds / options.rounds
+    steps = {"round": e / 2}
+    if options.total is None:
+        steps["total"] = eps_total
+    if eps_init > 0:
+        steps["init"] = eps_init / max(1, len(active))
+    return steps
+
+
+def _measured_cells(block, options) -> tuple[int, int]:
+    """(history entries, cells touched) that one round's measurement adds to a block."""
+    n = block.n_cells
+    if isinstance(block, RangeBlock):
+        return (3 if options.measure == "partition" else 1), n
+    W = block.W
+    k = len(block.shape) if block.shape else 1
+    if options.measure == "partition" and k <= 4:
+        return 3 ** k, n                # the pieces cover every cell once
+    row_nnz = np.diff(W.indptr)
+    cells = int(row_nnz.max(initial=0))
+    if options.cuboids:
+        cells = max([cells] + [int(row_nnz[a:b].sum()) for a, b in block.groups])
+    return 1, max(cells, 1)
+
+
+def predicted_work(blocks, options) -> float:
+    """Work units (about nanoseconds on one core; :data:`ROUND_COST` and the other
+    constants) of the longest run the options allow: rounds × (selection over the block's
+    cells and queries + the update of what it measures) + replay × every past measurement
+    replayed each round (their number grows with the rounds: T(T+1)/2 replayed updates)."""
+    T, active = _rounds_bound(blocks, options)
+    if not active:
+        return 0.0
+    n_sum = sum(b.n_cells for b in active)
+    per_round, per_update = 0.0, 0.0
+    for b in active:
+        n = b.n_cells
+        select = n * (math.log2(n) + 1) if isinstance(b, RangeBlock) else b.W.nnz + n
+        entries, cells = _measured_cells(b, options)
+        update = entries * UPDATE_COST + UPDATE_CELL_COST * cells
+        per_update = max(per_update, update)
+        per_round = max(per_round, CELL_COST * select + update)
+    per_round += ROUND_COST + (CELL_COST * n_sum if options.iterate == "average" else 0)
+    renormalise = UPDATE_COST * len(active) + UPDATE_CELL_COST * n_sum
+    init = 0.0
+    if options.init_share:
+        axes = [len(b.shape) if getattr(b, "shape", None) and options.init == "marginals"
+                else 1 for b in active]
+        init = sum(UPDATE_COST + UPDATE_CELL_COST * b.n_cells * k
+                   for b, k in zip(active, axes))
+    replayed = init if options.init == "marginals" else 0.0    # marginals join the replay
+    replay = options.replay * (per_update * T * (T + 1) / 2 + T * (renormalise + replayed))
+    return T * per_round + replay + init
+
+
+def check_run(blocks, epsilon, options, spec: str = "mwem") -> None:
+    """Refuse, before the charge, an MWEM run that the kernel would refuse or could not
+    finish: a spend's ε below the samplers' smallest (:data:`dpsql.noise.accounting.MIN_EPSILON`)
+    or a predicted run time above :data:`MAX_WORK`. Public inputs only (blocks, ε, options);
+    ``explain`` and ``answer`` both call it, so explain accepts exactly what answer runs."""
+    from dpsql.noise.accounting import MIN_EPSILON
+
+    name = spec.strip() if isinstance(spec, str) else "mwem"
+    steps = step_epsilons(blocks, epsilon, options)
+    what = {"round": "each round's selection and measurement", "total": "the row count",
+            "init": "each block's initial measurement"}
+    for kind, step in steps.items():
+        if step < MIN_EPSILON:
+            fix = ("ask for fewer rounds" if kind == "round" else
+                   f"ask for a larger {kind}_share")
+            raise PrivacyParameterError(
+                f"{name} at epsilon = {float(epsilon):g} spends epsilon = {float(step):.3g} on "
+                f"{what[kind]}, below the smallest the noise samplers accept "
+                f"({float(MIN_EPSILON):g}); {fix} or a larger epsilon")
+    work = predicted_work(blocks, options)
+    if work > MAX_WORK:
+        T, active = _rounds_bound(blocks, options)
+        cells = sum(b.n_cells for b in active)
+        queries = sum(b.n_queries for b in active)
+        raise StrategyError(
+            f"{name} is predicted to run about {work / 1e9:.3g} s ({T:,} rounds x per-round "
+            f"cost over {cells:,} cells and {queries:,} queries, replay {options.replay}), "
+            f"more than the limit of {MAX_WORK / 1e9:g} s; ask for fewer rounds, a smaller "
+            f"replay or a smaller batch")

@@ -1,0 +1,271 @@
+"""Every internal table of dpsql, its schema version, and the migrations between versions.
+
+dpsql keeps its own tables in the database's ``dpsql`` schema, beside the analyst's data:
+
+- ``dpsql.policies``, ``dpsql.ledger``, ``dpsql.release_tables``: policies, charges and the
+  result tables they paid for (:mod:`dpsql.store.ledger`);
+- ``dpsql.measurements``: every matrix-mechanism release's noisy measurements, for free
+  answers later (:mod:`dpsql.mechanisms.reuse`);
+- ``dpsql.strategy_cache``, ``dpsql.selection_cache``, ``dpsql.solver_cache``,
+  ``dpsql.halfwidth_cache``: public, re-verified caches (:mod:`dpsql.store.strategy_cache`,
+  :mod:`dpsql.store.selection_cache`);
+- ``dpsql.schema_version``: one row per migration applied (``version``, the ``dpsql_version``
+  that applied it, ``applied_at``); the database's schema version is the largest ``version``.
+
+This module is the only place that creates or alters them.
+
+Versions. :data:`MIGRATIONS` is an ordered list; migration ``k`` turns a database at version
+``k - 1`` into one at version ``k``, and :data:`SCHEMA_VERSION` is the last one's number.
+Version 0 is a database without ``dpsql.schema_version``: one written by dpsql at commit
+5a7e430 or earlier, whose tables were created piecemeal (``CREATE TABLE IF NOT EXISTS`` and
+``ALTER TABLE ... ADD COLUMN IF NOT EXISTS`` spread over several modules), so any subset of
+the tables may exist, some without later columns. Migration 1 creates whatever is missing
+and adds the columns older releases lacked, which brings every such database (and an empty
+one) to the same version-1 schema. A new database is built by the same migrations, from 0:
+there is one definition of the schema, not a second copy that could drift from it.
+
+Opening a database (:meth:`dpsql.store.database.Database.connect`) calls :func:`check`:
+
+- no ``dpsql`` tables at all: nothing to do (they are created by the first write,
+  :func:`ensure`, e.g. ``protect``);
+- an older version (or none): every pending migration runs, in order, and each is stamped
+  in ``dpsql.schema_version``, all inside one transaction: a failure (or Ctrl-C) rolls the
+  whole upgrade back and leaves the database as it was;
+- the current version: one cheap read, nothing else;
+- a newer version: :class:`~dpsql.errors.SchemaVersionError`, before anything is written.
+  That database was written by a newer dpsql, whose tables this one may misread (a ledger
+  column it does not know could hold charges it would not count): upgrade dpsql.
+
+Changing the schema (a new ledger column, a policy field, a cache table): append a
+:class:`Migration` with the next number and the statements that take the previous version
+to the new one, and say why. Never edit a migration that has been released: databases in
+the field were built by it. The statements run inside the upgrade's transaction; DuckDB
+DDL is transactional. ``tests/test_schema_migration.py`` opens a database written by the
+released 5a7e430 (``tests/fixtures/``) with every migration.
+
+The caches' tolerance is unchanged: a cache row that does not decode or fit is ignored and
+overwritten; the migration never reads or rewrites cached values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import metadata
+
+import duckdb
+
+from dpsql.errors import EngineError, SchemaVersionError
+
+
+@dataclass(frozen=True)
+class Migration:
+    """Statements that take the schema from ``version - 1`` to ``version``."""
+
+    version: int
+    why: str
+    statements: tuple
+
+
+# Version 1: the tables as dpsql 5a7e430 left them. Every statement is idempotent, because a
+# version-0 database may hold any subset of them, created by any earlier release.
+_V1 = (
+    "CREATE SCHEMA IF NOT EXISTS dpsql",
+    # one row per protected table, its validated policy as JSON
+    """CREATE TABLE IF NOT EXISTS dpsql.policies (
+        table_name VARCHAR PRIMARY KEY,
+        policy VARCHAR NOT NULL,
+        created_at TIMESTAMP NOT NULL DEFAULT current_timestamp)""",
+    # a new value each time the owner (re-)protects the table: past releases' measurements
+    # are reused only within one epoch (after reloading the data, protect(replace=True))
+    "ALTER TABLE dpsql.policies ADD COLUMN IF NOT EXISTS data_epoch VARCHAR",
+    # one row per charge (exact ε and δ as num/den text; the DOUBLEs are for reading)
+    """CREATE TABLE IF NOT EXISTS dpsql.ledger (
+        release_id BIGINT PRIMARY KEY,
+        created_at TIMESTAMP NOT NULL DEFAULT current_timestamp,
+        table_name VARCHAR NOT NULL,
+        epsilon DOUBLE NOT NULL,
+        delta DOUBLE NOT NULL,
+        epsilon_exact VARCHAR NOT NULL,
+        delta_exact VARCHAR NOT NULL,
+        rho DOUBLE,
+        mechanism VARCHAR NOT NULL,
+        strategy VARCHAR NOT NULL,
+        calibration VARCHAR,
+        sigma DOUBLE,
+        sensitivity DOUBLE,
+        n_queries BIGINT NOT NULL,
+        n_cells BIGINT NOT NULL,
+        expected_rmse DOUBLE,
+        sql_text VARCHAR NOT NULL,
+        result_tables VARCHAR[],
+        private BOOLEAN NOT NULL,
+        status VARCHAR NOT NULL,
+        release_name VARCHAR UNIQUE,
+        bound_ratio DOUBLE)""",
+    # columns later releases added to the ledger, in the order they came
+    "ALTER TABLE dpsql.ledger ADD COLUMN IF NOT EXISTS metric_epsilon DOUBLE",
+    "ALTER TABLE dpsql.ledger ADD COLUMN IF NOT EXISTS metric_epsilon_exact VARCHAR",
+    "ALTER TABLE dpsql.ledger ADD COLUMN IF NOT EXISTS request VARCHAR",
+    "ALTER TABLE dpsql.ledger ADD COLUMN IF NOT EXISTS reused_from VARCHAR",
+    """CREATE TABLE IF NOT EXISTS dpsql.release_tables (
+        release_id BIGINT NOT NULL,
+        statement_index INTEGER NOT NULL,
+        table_name VARCHAR NOT NULL,
+        sql_text VARCHAR NOT NULL,
+        n_rows BIGINT NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS dpsql.measurements (
+        release_id BIGINT PRIMARY KEY,
+        table_name VARCHAR NOT NULL,
+        domain_fingerprint VARCHAR NOT NULL,
+        private BOOLEAN NOT NULL,
+        partitions VARCHAR NOT NULL,
+        noise VARCHAR NOT NULL,
+        scale DOUBLE NOT NULL,
+        strategy BLOB NOT NULL,
+        y BLOB NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS dpsql.strategy_cache (
+        fingerprint VARCHAR PRIMARY KEY,
+        strategy VARCHAR NOT NULL,
+        n BIGINT NOT NULL,
+        rows BIGINT NOT NULL,
+        matrix BLOB NOT NULL,
+        notes VARCHAR NOT NULL,
+        seconds DOUBLE NOT NULL,
+        created_at TIMESTAMP NOT NULL DEFAULT current_timestamp)""",
+    # sparse plans (CSR); caches of dense plans only gain the columns, NULL for their rows
+    "ALTER TABLE dpsql.strategy_cache ADD COLUMN IF NOT EXISTS indptr BLOB",
+    "ALTER TABLE dpsql.strategy_cache ADD COLUMN IF NOT EXISTS indices BLOB",
+    """CREATE TABLE IF NOT EXISTS dpsql.selection_cache (
+        key VARCHAR PRIMARY KEY,
+        workload_hash VARCHAR NOT NULL,
+        n_queries BIGINT NOT NULL,
+        n_cells BIGINT NOT NULL,
+        svdb DOUBLE NOT NULL,
+        candidates VARCHAR NOT NULL,
+        factors BLOB NOT NULL,
+        created_at TIMESTAMP NOT NULL DEFAULT current_timestamp)""",
+    """CREATE TABLE IF NOT EXISTS dpsql.solver_cache (
+        solver_key VARCHAR PRIMARY KEY,
+        n BIGINT NOT NULL,
+        factor BLOB NOT NULL,
+        created_at TIMESTAMP NOT NULL DEFAULT current_timestamp)""",
+    """CREATE TABLE IF NOT EXISTS dpsql.halfwidth_cache (
+        key VARCHAR PRIMARY KEY,
+        n_queries BIGINT NOT NULL,
+        units BLOB NOT NULL,
+        created_at TIMESTAMP NOT NULL DEFAULT current_timestamp)""",
+    """CREATE TABLE IF NOT EXISTS dpsql.schema_version (
+        version INTEGER NOT NULL,
+        dpsql_version VARCHAR NOT NULL,
+        applied_at TIMESTAMP NOT NULL DEFAULT current_timestamp)""",
+)
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "one versioned schema: every internal table and the columns that earlier "
+                 "releases added one ALTER at a time (databases of 5a7e430 and before)", _V1),
+)
+
+#: the schema version this dpsql writes (and the newest it reads)
+SCHEMA_VERSION = MIGRATIONS[-1].version
+
+#: every internal table at :data:`SCHEMA_VERSION`
+TABLES = ("policies", "ledger", "release_tables", "measurements", "strategy_cache",
+          "selection_cache", "solver_cache", "halfwidth_cache", "schema_version")
+
+
+def dpsql_version() -> str:
+    """The installed dpsql's version (recorded with each migration)."""
+    try:
+        return metadata.version("dpsql")
+    except metadata.PackageNotFoundError:    # a source checkout that was never installed
+        return "unknown"
+
+
+def _refuse(found: int, writer: str | None, where: str) -> SchemaVersionError:
+    return SchemaVersionError(
+        f"database {where} has dpsql schema version {found} (written by dpsql "
+        f"{writer or 'unknown'}), newer than version {SCHEMA_VERSION} that this dpsql "
+        f"{dpsql_version()} reads: upgrade dpsql to open it (nothing was changed)")
+
+
+def version(con) -> int | None:
+    """The database's schema version: None when it has no dpsql tables at all, 0 when it
+    has some but no version table (written by 5a7e430 or earlier)."""
+    return _read(con)
+
+
+def _read(con) -> int | None:
+    try:     # max(): a fraction of a millisecond, it runs on every opening
+        (found,) = con.execute("SELECT max(version) FROM dpsql.schema_version").fetchone()
+    except duckdb.CatalogException:
+        pass
+    except duckdb.Error:
+        raise EngineError("the database engine failed while reading dpsql's schema version "
+                          "(details withheld)") from None
+    else:     # an empty table (an upgrade that never finished) counts as version 0
+        return 0 if found is None else int(found)
+    try:
+        (n,) = con.execute("SELECT count(*) FROM duckdb_tables() "
+                           "WHERE schema_name = 'dpsql'").fetchone()
+    except duckdb.Error:
+        raise EngineError("the database engine failed while reading the catalog "
+                          "(details withheld)") from None
+    return 0 if n else None
+
+
+def _writer(con, found: int) -> str | None:
+    """The dpsql version that stamped schema version ``found``."""
+    try:
+        row = con.execute("SELECT dpsql_version FROM dpsql.schema_version WHERE version = ? "
+                          "LIMIT 1", [found]).fetchone()
+    except duckdb.Error:
+        return None
+    return None if row is None else str(row[0])
+
+
+def check(con, where: str = "") -> int | None:
+    """On opening a database: refuse a newer schema, migrate an older one, leave a database
+    without dpsql tables alone. Returns the version it is at afterwards (None: no tables)."""
+    found = _read(con)
+    if found is None:
+        return None
+    return _upgrade(con, found, where)
+
+
+def ensure(con, where: str = "") -> int:
+    """Before writing dpsql's tables: create them (a new database) or migrate them, at the
+    current version. Cheap when they are current (one read)."""
+    found = _read(con)
+    return _upgrade(con, 0 if found is None else found, where)
+
+
+def _upgrade(con, found: int, where: str) -> int:
+    if found == SCHEMA_VERSION:
+        return found
+    if found > SCHEMA_VERSION:
+        raise _refuse(found, _writer(con, found), where or "this database")
+    pending = [m for m in MIGRATIONS if m.version > found]
+    try:
+        con.execute("BEGIN TRANSACTION")
+        for m in pending:
+            for statement in m.statements:
+                con.execute(statement)
+            con.execute("INSERT INTO dpsql.schema_version (version, dpsql_version) "
+                        "VALUES (?, ?)", [m.version, dpsql_version()])
+        con.execute("COMMIT")
+    except BaseException as exc:
+        try:
+            con.execute("ROLLBACK")
+        except Exception:   # noqa: BLE001, S110 — the transaction may already be gone
+            pass
+        if isinstance(exc, duckdb.Error):
+            raise EngineError(
+                f"could not upgrade dpsql's tables in {where or 'this database'} from schema "
+                f"version {found} to {SCHEMA_VERSION} ({type(exc).__name__}; details "
+                "withheld); nothing was changed") from None
+        raise
+    return SCHEMA_VERSION
+
+
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "TABLES", "Migration", "check", "dpsql_version",
+           "ensure", "version"]
