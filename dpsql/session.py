@@ -1,38 +1,34 @@
-"""Orchestration: parse -> compile -> select -> (kernel) -> infer -> release.
+"""The session: a connection to one database, its data owner's and analyst's calls.
 
-``explain`` runs the public half of the pipeline only: it never reads data nor touches the
-budget. ``answer`` validates everything (SQL, policy, privacy parameters, result names,
-strategy, budget fit) before the kernel reads a single row, so a bad request charges nothing.
+``explain`` and ``answer`` validate the request, pick its mechanism and hand it to the one
+release path (:mod:`dpsql.release.path`): explain is the plan alone (it never reads data
+nor touches the budget); answer runs plan → check result names → check-and-charge →
+measure → infer → write, refusing anything invalid before the kernel reads a single row,
+so a bad request charges nothing.
 """
 
 from __future__ import annotations
 
-import json
-import math
-from fractions import Fraction
 from typing import Sequence
 
-
-from dpsql.mechanisms import catalog as adaptive
+from dpsql.errors import PolicyError, UnknownTableError
+from dpsql.kernel import Kernel
+from dpsql.policy.policy import TablePolicy, load_policy
+from dpsql.release import mechanism
+from dpsql.release import path as release_path
+from dpsql.release.mechanism import Ask, Public
+from dpsql.release.support import (InterruptedAfterRelease, _completed_on_interrupt,
+                                   request_matches)
+from dpsql.sql.compile import Workload
 from dpsql.store import database as engine
 from dpsql.store import ledger
-from dpsql.mechanisms import matrix as selection
-from dpsql.mechanisms import reuse as reuse_mod
-from dpsql.noise.accounting import PrivacyCost, fraction_from_text
-from dpsql.errors import (DpsqlError, PolicyError, UnknownTableError, UnsupportedQueryError)
-from dpsql.inference.least_squares import LeastSquares, consistent
-from dpsql.kernel import Kernel
-from dpsql.noise.gaussian import rounding_slack, zcdp_rho
-from dpsql.policy.policy import TablePolicy, load_policy
-from dpsql.store.results import Explanation, Release, ResultTable, build_columns, check_result_names
-from dpsql.sql.compile import Workload
-from dpsql.sql.parse import parse_batch
-from dpsql.release.support import (InterruptedAfterRelease, _completed_on_interrupt, _flags,
-                              _interrupts_deferred, _request_params, request_matches)
-from dpsql.release.adaptive import AdaptivePaths
+from dpsql.store.results import Explanation, Release
 from dpsql.request import SETTINGS, Request
 
-class Session(AdaptivePaths):
+__all__ = ["InterruptedAfterRelease", "Session", "connect", "request_matches"]
+
+
+class Session:
     """A dpsql connection to one DuckDB database. Create it with :func:`dpsql.connect`."""
 
     def __init__(self, path: str = ":memory:", *, lock_timeout: float = 30.0, sampler=None,
@@ -71,8 +67,9 @@ class Session(AdaptivePaths):
                 max_stderr=None, reuse: bool | None = None) -> Explanation:
         """Expected accuracy of a request: reads no data, spends nothing.
 
-        With ``reuse`` (the session's default unless given) the explanation says which answers come free from past
-        releases and what every answer's error is once old and new measurements combine.
+        With ``reuse`` (the session's default unless given) the explanation says which
+        answers come free from past releases and what every answer's error is once old and
+        new measurements combine.
 
         Accuracy first: give ``target_rmse`` (the batch's expected RMSE) or ``max_stderr``
         (every answer's standard error) instead of ``epsilon``, and the explanation is for
@@ -80,25 +77,9 @@ class Session(AdaptivePaths):
         r = Request(sql, epsilon=epsilon, delta=delta, strategy=strategy,
                     calibration=calibration, model=model, target_rmse=target_rmse,
                     max_stderr=max_stderr, reuse=self.reuse if reuse is None else reuse)
-        strategy, calibration, model, reuse = r.strategy, r.calibration, r.model, r.reuse
-        objective = r.objective
-        if objective is not None:
-            dlt = r.delta
-            with self.db.connect() as con:
-                policy, queries, workload = self._compile(sql, ledger.load_policies(con))
-                return self._decide(con, policy, workload, None, dlt, strategy, calibration,
-                                    objective, reuse).expl
-        eps, dlt = r.epsilon, r.delta
+        ask = Ask(r, release=False)
         with self.db.connect() as con:
-            policies = ledger.load_policies(con)
-            if model == "metric":
-                return self._explain_metric(policies, sql, eps, strategy)
-            if adaptive.is_mwem(strategy):
-                policy, queries = self._parse(sql, policies)
-                return self._mwem_plan(policy, queries, eps, dlt, strategy)[0]
-            policy, queries, workload = self._compile(sql, policies)
-            return self._decide(con, policy, workload, eps, dlt, strategy, calibration, None,
-                                reuse).expl
+            return release_path.explain(self._public(con), ask)
 
     def answer(self, sql: str | Sequence[str], *, epsilon=None, delta, strategy: str = "auto",
                calibration: str = "analytic", replace: bool = False,
@@ -123,130 +104,25 @@ class Session(AdaptivePaths):
         the cell estimates of non-negative least squares, ``integer=True`` rounds the
         answers. The standard errors and intervals still describe the unconstrained
         estimate; the result tables' comments say so.
+
+        Every mechanism goes through the one release path (:mod:`dpsql.release.path`).
         """
-        r = Request(sql, epsilon=epsilon, delta=delta, strategy=strategy,
-                    calibration=calibration, model=model, target_rmse=target_rmse,
-                    max_stderr=max_stderr, confirm=confirm, nonnegative=nonnegative,
-                    integer=integer, reuse=self.reuse if reuse is None else reuse, name=name,
-                    replace=replace)
-        strategy, calibration, model, reuse = r.strategy, r.calibration, r.model, r.reuse
-        objective = r.objective
-        eps, dlt = (Fraction(1) if objective else r.epsilon), r.delta
-        text = sql if isinstance(sql, str) else ";\n".join(sql)
-        flags = _flags(nonnegative, integer)   # reuse is not part of "the same request"
+        ask = Ask(Request(sql, epsilon=epsilon, delta=delta, strategy=strategy,
+                          calibration=calibration, model=model, target_rmse=target_rmse,
+                          max_stderr=max_stderr, confirm=confirm, nonnegative=nonnegative,
+                          integer=integer, reuse=self.reuse if reuse is None else reuse,
+                          name=name, replace=replace))
         done: list = []      # the Release, once built (a late Ctrl-C still reports it)
         with _completed_on_interrupt(done), self.db.connect() as con:
-            if name is not None:
-                recorded = ledger.find_named(con, name)
-                if recorded is not None and objective is None:
-                    return self._recorded(con, recorded, text, eps, dlt, strategy,
-                                          calibration, model, flags)
-                if recorded is not None:
-                    return self._recorded_target(con, recorded, text, dlt, strategy,
-                                                 calibration, model, flags, objective)
-            policies = ledger.load_policies(con)
-            if model == "metric":
-                return self._answer_dx(con, policies, sql, text, eps, replace, name, strategy,
-                                       done)
-            if adaptive.is_mwem(strategy):
-                return self._answer_mwem(con, policies, sql, text, eps, dlt, strategy,
-                                         replace, name, done)
-            policy, queries, workload = self._compile(sql, policies)
-            names_given = self._check_targets(con, queries, policies, replace)
-            d = self._decide(con, policy, workload, None if objective else eps, dlt, strategy,
-                             calibration, objective, reuse)
-            if objective is not None:
-                eps = d.epsilon
-                if d.new is not None and confirm is not True:
-                    raise DpsqlError(
-                        f"an expected {objective[0].replace('_', ' ')} of {objective[1]:g} "
-                        f"needs epsilon = {float(eps):g} (delta = {float(dlt):g}, strategy "
-                        f"{d.expl.strategy}); nothing was charged; pass confirm=True to spend "
-                        "it")
-            result_names = self._result_names(con, queries, names_given)
-            params = json.dumps(_request_params(eps, dlt, strategy, calibration, "dp") | flags)
-            if d.new is None:
-                return self._answer_free(con, policy, workload, d, text, result_names, params,
-                                         replace, name, nonnegative, integer, done)
-            expl, new = d.expl, d.new
-            best = next(c for c in new.candidates if c.strategy == new.strategy
-                        and c.mechanism == new.mechanism)
-            chosen = best.plan
-            solver = None
-            if d.pool is None:
-                solver = best.solver or LeastSquares(chosen)
-                halfwidth = selection.interval_halfwidths(con, expl, solver, workload)
-            else:
-                halfwidth = d.pool.halfwidths(workload.W, expl.stderr ** 2)
-            cost = PrivacyCost(eps, dlt if new.mechanism == "gaussian" else 0)
-            rho = _rho(new, eps, chosen)
-            ledger.check_fits(con, policy, cost, new.mechanism, rho)
-            request = ledger.Charge(
-                table=policy.table, cost=cost, mechanism=new.mechanism,
-                strategy=new.strategy,
-                calibration=calibration if new.mechanism == "gaussian" else None,
-                sigma=new.sigma, sensitivity=best.sensitivity, rho=rho,
-                n_queries=workload.n_queries, n_cells=workload.n_cells,
-                expected_rmse=expl.rmse, sql_text=text, bound_ratio=new.bound_ratio,
-                result_tables=result_names, private=self.kernel.private, release_name=name,
-                request=params, reused_from=_sources(d))
-            with _interrupts_deferred() as interrupted:
-                # from the charge to the committed result tables, Ctrl-C waits: a charged
-                # release is always completed, never left half-written
-                m = self.kernel.release(con, policy, workload, chosen, new.sigma, request,
-                                        mechanism=new.mechanism)
-                if d.pool is None:
-                    answers = solver.answers(workload.W, m.y)
-                else:
-                    d.pool.set_y(d.planned, m.y)
-                    answers = d.pool.answers(workload.W)
-                answers, comment = _post_process(d, chosen, workload.W, m.y, answers,
-                                                 nonnegative, integer)
-                parts = [(out, answers, expl.stderr, halfwidth) for out in workload.outputs]
-                record = reuse_mod.record_of(m.release_id, workload, chosen.A, m.y,
-                                             new.mechanism, new.sigma)
-                results = self._write(con, m.release_id, m.result_tables, policy, parts,
-                                      replace, comment, record=record, private=m.private)
-                done.append(Release(m.release_id, policy.table, list(m.result_tables),
-                                    float(eps), float(cost.delta), expl.strategy, new.sigma,
-                                    expl.rmse, results, m.private, name=name))
-        if interrupted:
-            raise InterruptedAfterRelease(done[0])
-        return done[0]
+            return release_path.answer(self._public(con), self.kernel, ask, self._write, done)
 
-    def _decide(self, con, policy, workload, eps, dlt, strategy, calibration, objective,
-                reuse: bool):
-        """How the batch is answered (:func:`dpsql.mechanisms.reuse.decide`; public inputs only)."""
-        records = reuse_mod.load(con, policy, self.kernel.private) if reuse else []
-        return reuse_mod.decide(con, policy, workload, records, eps, dlt, strategy,
-                                calibration, objective[0] if objective else "rmse",
-                                objective[1] if objective else None)
+    def _public(self, con) -> Public:
+        return Public(con, ledger.load_policies(con), self.kernel.private)
 
-    def _answer_free(self, con, policy, workload, d, text, result_names, params, replace,
-                     name, nonnegative, integer, done):
-        """Every answer comes from past releases: nothing is measured, nothing is spent; the
-        release is still recorded (at zero cost) and its tables written like any other."""
-        expl = d.expl
-        request = ledger.Charge(
-            table=policy.table, cost=PrivacyCost(0, 0), mechanism="reuse", strategy="reuse",
-            calibration=None, sigma=None, sensitivity=None, rho=0.0,
-            n_queries=workload.n_queries, n_cells=workload.n_cells, expected_rmse=expl.rmse,
-            sql_text=text, bound_ratio=None, result_tables=result_names,
-            private=self.kernel.private, release_name=name, request=params,
-            reused_from=_sources(d))
-        halfwidth = d.pool.halfwidths(workload.W, expl.stderr ** 2)
-        answers = d.pool.answers(workload.W)
-        answers, comment = _post_process(d, None, workload.W, None, answers, nonnegative,
-                                         integer)
-        with _interrupts_deferred() as interrupted:
-            release_id, tables = ledger.charge(con, policy, request)
-            parts = [(out, answers, expl.stderr, halfwidth) for out in workload.outputs]
-            results = self._write(con, release_id, tables, policy, parts, replace, comment)
-            done.append(Release(release_id, policy.table, list(tables), 0.0, 0.0, "reuse",
-                                math.nan, expl.rmse, results, self.kernel.private, name=name))
-        if interrupted:
-            raise InterruptedAfterRelease(done[0])
-        return done[0]
+    def _write(self, con, receipt, plan, answers, ask) -> Release:
+        """The release path's write step (:func:`dpsql.release.path.publish`): the result
+        tables, then the Release returned."""
+        return release_path.publish(con, receipt, plan, answers, ask, make=Release)
 
     def budget(self, table: str | None = None) -> dict:
         """Spent and remaining (ε, δ) per protected table (exact fractions and floats)."""
@@ -296,186 +172,18 @@ class Session(AdaptivePaths):
 
     # ------------------------------------------------------------------ internals
     @staticmethod
-    def _recorded(con, entry: dict, text: str, eps, dlt, strategy: str,
-                  calibration: str, model: str = "dp", extra: dict | None = None) -> Release:
-        """A named release asked again: its recorded answers, or a refusal. Never new noise.
-
-        "The same request" is the same SQL and the same parameters as asked (ε, δ, strategy,
-        calibration, model), recorded with the charge."""
-        name = entry["release_name"]
-        same = request_matches(entry, text, eps, dlt, strategy, calibration, model, extra)
-        if not same:
-            raise DpsqlError(
-                f"release name {name!r} is already used (release {entry['release_id']}) for a "
-                "different batch or different parameters; choose another name")
-        if entry["status"] != "released":
-            raise DpsqlError(
-                f"release {name!r} was charged but its results were never written (it was "
-                "interrupted); its budget stays spent and it cannot be re-noised for free; "
-                "choose another name to release again")
-        results = []
-        for table in entry["result_tables"]:
-            owner = ledger.table_owner(con, table)
-            if not engine.table_exists(con, table) or owner != entry["release_id"]:
-                later = (f" (release {owner} has replaced it)" if owner is not None
-                         and owner != entry["release_id"] else "")
-                raise DpsqlError(
-                    f"release {name!r} is recorded, but its result table {table!r} no longer "
-                    f"holds its answers{later}; they cannot be returned again without a new "
-                    "charge")
-            with engine.engine_errors(f"reading result table {table!r}"):
-                cur = con.execute(f"SELECT * FROM main.{engine.quote_ident(table)}")
-                cols = tuple(d[0] for d in cur.description)
-                results.append(ResultTable(table, cols, cur.fetchall()))
-        return Release(entry["release_id"], entry["table_name"], list(entry["result_tables"]),
-                       entry["epsilon"], entry["delta"], entry["strategy"], entry["sigma"],
-                       entry["expected_rmse"], results, entry["private"], name=name,
-                       reused=True)
-
-    def _recorded_target(self, con, entry: dict, text: str, dlt, strategy: str,
-                         calibration: str, model: str, flags: dict, objective) -> Release:
-        """A named accuracy-first release asked again: the same request at the ε recorded
-        then (the ε a target needs changes once past releases can be combined), returned
-        only if the recorded answers meet the target. Never new noise."""
-        request = json.loads(entry.get("request") or "{}")
-        eps = (fraction_from_text(request["epsilon"]) if "epsilon" in request
-               else Fraction(repr(entry["epsilon"])))
-        release = self._recorded(con, entry, text, eps, dlt, strategy, calibration, model,
-                                 flags)
-        if objective[0] == "rmse":
-            achieved = release.expected_rmse
-        else:
-            achieved = max((float(row[list(t.columns).index("stderr")]) for t in
-                            release.results for row in t.rows
-                            if "stderr" in t.columns), default=math.nan)
-        if not achieved <= objective[1] * (1 + 1e-9):
-            raise DpsqlError(
-                f"release name {entry['release_name']!r} is recorded with an expected "
-                f"{objective[0].replace('_', ' ')} of {achieved:g}, which does not meet "
-                f"{objective[1]:g}; choose another name to release again")
-        return release
-
-    @staticmethod
     def _parse(sql, policies) -> tuple[TablePolicy, list]:
-        def resolve(name, node):
-            if name not in policies:
-                from dpsql.sql.parse import _position
-                line, col = _position(node)
-                known = ", ".join(sorted(policies)) or "none yet; see protect()"
-                raise UnknownTableError(
-                    f"table {name!r} is not a protected table (protected: {known})", line, col)
-            return policies[name]
-
-        from dpsql.sql import memo     # parsed batches are remembered (public inputs only)
-
-        queries = memo.parsed(memo.batch_key(sql, policies), lambda: parse_batch(sql, resolve))
-        check_result_names(queries, policies)     # planning: before any charge, explain too
-        return policies[queries[0].table], queries
-
-    @classmethod
-    def _compile(cls, sql, policies) -> tuple[TablePolicy, list, Workload]:
-        from dpsql.sql import memo     # compiled batches are remembered (immutable workloads)
-
-        policy, queries = cls._parse(sql, policies)
-        return policy, queries, memo.compiled(memo.batch_key(sql, policies), queries, policy)
+        return mechanism.parse_request(sql, policies)
 
     @staticmethod
-    def _check_targets(con, queries, policies, replace: bool) -> set:
-        """The names given (lower case), once the existing tables allow them; the names
-        themselves were checked while parsing (:func:`dpsql.store.results.check_result_names`)."""
-        names = check_result_names(queries, policies)
-        for q in queries:
-            if q.target is not None and engine.table_exists(con, q.target):
-                if not (replace or q.replace):
-                    raise UnsupportedQueryError(
-                        f"table {q.target!r} already exists; use CREATE OR REPLACE TABLE or "
-                        "replace=True to overwrite it")
-                if not ledger.is_result_table(con, q.target):
-                    raise UnsupportedQueryError(
-                        f"table {q.target!r} exists and was not created by dpsql; dpsql only "
-                        "replaces its own result tables")
-        return names
+    def _compile(sql, policies) -> tuple[TablePolicy, list, Workload]:
+        return mechanism.compile_request(sql, policies)
 
-    @staticmethod
-    def _result_names(con, queries, names_given):
-        """Names of the result tables, as a function of the new release id."""
-        def result_names(release_id: int) -> list[str]:
-            out = []
-            taken = engine.relation_names(con) | {n.lower() for n in names_given}
-            for q in queries:
-                if q.target is not None:
-                    out.append(q.target)
-                    continue
-                name, k = f"dp_r{release_id}_q{q.index + 1}", 1
-                while name.lower() in taken:
-                    k += 1
-                    name = f"dp_r{release_id}_q{q.index + 1}_{k}"
-                out.append(name)
-            return out
-        return result_names
-
-    def _write(self, con, release_id, names, policy, parts, replace,
-               comment: str | None = None, record=None, private: bool = False) -> list:
-        """Write each statement's result table and mark the release done, in one transaction.
-
-        ``parts``: per statement in order, ``(output, answers, stderr, halfwidth)`` with the
-        arrays indexed like the output's rows of ``W``."""
-        results = []
-        with engine.engine_errors("writing results"):
-            con.execute("BEGIN TRANSACTION")
-        try:
-            recorded = []
-            for name, (out, answers, stderr, halfwidth) in zip(names, parts):
-                cols = build_columns(out, policy, answers, stderr, halfwidth)
-                engine.write_table(con, name, cols, replace=replace or out.query.replace
-                                   or out.query.target is None, comment=comment)
-                rows = list(zip(*[v for _, _, v in cols])) if cols else []
-                results.append(ResultTable(name, tuple(c for c, _, _ in cols), rows))
-                recorded.append((out.query.index, name, out.query.sql, len(rows)))
-            ledger.mark_released(con, release_id, recorded)
-            if record is not None:     # kept for later batches to reuse (public: released)
-                reuse_mod.store(con, policy, record, private)
-            with engine.engine_errors("writing results"):
-                con.execute("COMMIT")
-        except BaseException:
-            try:
-                con.execute("ROLLBACK")
-            except Exception:
-                pass
-            raise
-        return results
-
-
-def _sources(d) -> str | None:
-    """The past releases a decision combines, as recorded in the ledger."""
-    return ",".join(str(r) for r in d.pool.release_ids) if d.pool is not None else None
-
-
-def _post_process(d, plan, W, y, answers, nonnegative: bool, integer: bool):
-    """Consistency post-processing (:func:`dpsql.inference.least_squares.consistent`): over the plan's
-    measurements, or over every combined measurement when past releases are reused."""
-    if not (nonnegative or integer):
-        return answers, None
-    if d.pool is not None:
-        A, ys, Wr = d.pool.stacked(W)
-        return consistent(_Stacked(A), Wr, ys, answers, nonnegative, integer)
-    return consistent(plan, W, y, answers, nonnegative, integer)
-
-
-class _Stacked:
-    """The weighted stack of every combined measurement, seen as one plan."""
-
-    def __init__(self, A):
-        self.A = A
-
-
-def _rho(expl: Explanation, eps, plan) -> float:
-    """zCDP cost recorded with the charge: Δ²/2σ² (Gaussian, Bun & Steinke 2016 Prop. 1.6,
-    grid slack included) or ε²/2 (pure ε-DP implies ε²/2-zCDP, ibid. Prop. 1.4)."""
-    if expl.mechanism == "laplace":
-        return float(eps) ** 2 / 2.0
-    return zcdp_rho(expl.sigma, plan.sensitivity + rounding_slack(expl.sigma,
-                                                                  plan.n_measurements))
+    def _explain_metric(self, policies, sql, eps, strategy):
+        """The explanation of a metric (d_X) request (public only)."""
+        ask = Ask(Request(sql, epsilon=eps, delta=0, strategy=strategy, model="metric"),
+                  release=False)
+        return release_path.explain(Public(None, policies, self.kernel.private), ask)
 
 
 def connect(path: str = ":memory:", **kwargs) -> Session:

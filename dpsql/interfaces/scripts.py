@@ -126,7 +126,7 @@ class ScriptInterrupted(KeyboardInterrupt):
 
 
 def _planned_rho(expl: Explanation, epsilon: Fraction) -> Fraction | None:
-    from dpsql.session import _rho
+    from dpsql.release.matrix import _rho
 
     if expl.mechanism == "laplace":
         return epsilon * epsilon / 2

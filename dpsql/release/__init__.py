@@ -1,1 +1,3 @@
-"""The release path: what a request asked for, the Ctrl-C guard of a charged release, and the adaptive paths."""
+"""The one release path (:mod:`.path`), the mechanism interface (:mod:`.mechanism`), the
+mechanisms as the path runs them (:mod:`.matrix`, :mod:`.adaptive`), named releases asked
+again (:mod:`.named`) and the Ctrl-C guard (:mod:`.support`)."""

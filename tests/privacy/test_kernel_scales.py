@@ -16,7 +16,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-import dpsql.session as session_mod
+import dpsql.release.matrix as release_matrix
 from dpsql.errors import ScaleRefused
 from dpsql.mechanisms import catalog
 from dpsql.mechanisms import matrix
@@ -152,8 +152,8 @@ def test_classic_charge_with_an_analytic_sigma_is_refused(db, monkeypatch):
 @pytest.mark.parametrize("factor, match", [(Fraction(1, 2), "below the exact"),
                                            (2, "not the")])
 def test_recorded_rho_must_match_the_sigma_used(db, monkeypatch, factor, match):
-    real = session_mod._rho
-    monkeypatch.setattr(session_mod, "_rho",
+    real = release_matrix._rho
+    monkeypatch.setattr(release_matrix, "_rho",
                         lambda expl, eps, plan: real(expl, eps, plan) * float(factor))
     _refused_before_charge(db, match, SEX_RACE, **GAUSSIAN)
 
