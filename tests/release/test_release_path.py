@@ -19,7 +19,7 @@ from dpsql.noise.samplers import SeededTestSampler
 from dpsql.release import path
 from dpsql.store import database, ledger
 
-from .conftest import ADULT_POLICY, ROOT, make_adult_db, snapshot
+from ..conftest import ADULT_POLICY, ROOT, make_adult_db, snapshot
 
 METRIC = {"epsilon": 5, "columns": {"age": {"weight": 0.1}, "sex": {"different": 1}}}
 SEX = "SELECT sex, COUNT(*) FROM adult GROUP BY sex"
