@@ -22,17 +22,20 @@ from dpsql.strategies import spec
 from dpsql.workload import limits as planning
 
 
-def predicted(workload: Workload, name: str, strategy) -> planning.Cost:
+def predicted(workload: Workload, family: str, name: str, strategy) -> planning.Cost:
     """A candidate's predicted planning cost (its own time estimate when it has one)."""
     n, m, nnz = workload.n_cells, workload.n_queries, workload.W.nnz
     estimate = getattr(strategy, "estimated_seconds", None)
     seconds = estimate(SimpleNamespace(n=n)) if estimate is not None else 0.0
-    return planning.candidate_cost(spec.parse(name)[0], n, m, nnz, seconds)
+    base = spec.parse(name)[0]
+    key = f"{base}/laplace" if family == "laplace" and base == "eigen" else base
+    return planning.candidate_cost(key, n, m, nnz, seconds)
 
 
 def bound_fits(workload: Workload) -> str | None:
     """None when the singular value bound fits the limits, else why it is skipped."""
-    cost = planning.bound_cost(workload.n_cells, workload.n_queries, workload.W.nnz)
+    cost = planning.bound_cost(workload.n_cells, workload.n_queries, workload.W.nnz,
+                               planning.gram_ops(workload.W))
     why = cost.over(planning.current())
     return None if why is None else f"lower bound (svdb) not computed: it {why}"
 
@@ -43,7 +46,7 @@ def screen(workload: Workload, names: list, auto: bool) -> tuple[list, list]:
     limits = planning.current()
     fitting, skipped, cheapest = [], [], None
     for family, name, strategy in names:
-        cost = predicted(workload, name, strategy)
+        cost = predicted(workload, family, name, strategy)
         why = cost.over(limits)
         if why is None:
             fitting.append((family, name, strategy))
@@ -79,7 +82,8 @@ def out_of_memory(workload: Workload) -> BatchTooLarge:
 
 def _largest(workload: Workload, top: int = 3) -> str:
     """The statements with the most answers, and their columns."""
-    outs = sorted(workload.outputs, key=lambda o: o.start - o.stop)[:top]
+    outs = sorted((o for o in workload.outputs if o.query is not None),
+                  key=lambda o: o.start - o.stop)[:top]
     return "; ".join(
         f"statement {o.query.index + 1} has {o.stop - o.start:,} answers over "
         f"{', '.join(sorted(query_columns(o.query))) or 'no column'}" for o in outs)

@@ -27,6 +27,8 @@ import os
 from contextvars import ContextVar
 from dataclasses import dataclass
 
+import numpy as np
+
 from dpsql.errors import BatchTooLarge
 
 GIB = 1024 ** 3
@@ -46,6 +48,8 @@ DEFAULT_TIME_LIMIT = 60.0
 #: flops per second assumed for dense linear algebra (LAPACK/BLAS on 2 shared cores;
 #: calibrated by benchmarks/limits.py)
 FLOPS = 4e9
+#: seconds per multiply-add of a sparse matrix product (scipy)
+SPARSE_SECONDS_PER_OP = 2.2e-9
 #: seconds per unit x part of the compile step's per-column grouping (numpy compares)
 COMPILE_SECONDS_PER_PAIR = 1.5e-9
 
@@ -107,26 +111,37 @@ class Cost:
         return None
 
 
-def bound_cost(n: int, m: int, nnz: int) -> Cost:
+def bound_cost(n: int, m: int, nnz: int, gram_ops: float = 0.0) -> Cost:
     """The singular value bound: eigenvalues of the smaller of ``W Wᵀ`` (m × m) and
-    ``V = WᵀW`` (n × n), dense; ``V`` is built sparse first (up to ``n²`` entries)."""
+    ``V = WᵀW`` (n × n), dense. The sparse product is formed first: copies of ``W``
+    (``24·nnz`` bytes), ``gram_ops`` multiply-adds (``Σ nnz(row)²`` over the side summed;
+    :func:`gram_ops`) and up to ``k²`` stored entries."""
     k = min(m, n)
-    sparse_gram = 12.0 * min(float(n) * n, float(nnz) * max(1, nnz // max(1, m)))
-    memory = 3 * 8.0 * k * k + (sparse_gram if m >= n else 0.0)
-    return Cost(memory, 4.0 * k ** 3 / FLOPS + 1e-7 * nnz)
+    memory = 36.0 * k * k + 24.0 * nnz
+    return Cost(memory, 0.01 + 4.0 * k ** 3 / FLOPS + SPARSE_SECONDS_PER_OP * gram_ops)
 
 
-#: per strategy: (dense n x n matrices held at the peak, measurement rows per cell of a
-#: dense A, n³ flops multiplier (eigendecompositions, solves), whether it is identity-like)
+def gram_ops(W) -> float:
+    """Multiply-adds of the sparse Gram product the bound forms: ``Σ nnz(row)²`` for
+    ``WᵀW`` (m ≥ n), ``Σ nnz(column)²`` for ``W Wᵀ``."""
+    m, n = W.shape
+    counts = (np.diff(W.indptr) if m >= n else np.bincount(W.indices, minlength=n))
+    return float(np.square(counts.astype(np.float64)).sum())
+
+
+#: per strategy: (dense n x n matrices held at the peak, dense measurement rows per cell,
+#: n³ flops multiplier (eigendecompositions, solves), m·n² multiplier (the error factors'
+#: triangular solves and the strategy's own passes over W), fixed seconds (solver set-up))
 _SHAPES = {
-    "identity": (0, 0.0, 0.0),
-    "workload": (3, 0.0, 1.0),
-    "hierarchical": (3, 2.0, 1.0),
-    "wavelet": (3, 1.0, 1.0),
-    "fourier": (3, 1.0, 1.0),
-    "eigen": (6, 1.0, 8.0),
-    "optimal": (6, 1.0, 12.0),
-    "coa": (6, 1.0, 30.0),
+    "identity": (0, 0.0, 0.0, 0.0, 0.0),
+    "workload": (3, 0.0, 1.0, 2.0, 0.0),
+    "hierarchical": (3, 2.0, 1.0, 2.0, 0.0),
+    "wavelet": (3, 1.0, 1.0, 2.0, 0.0),
+    "fourier": (3, 1.0, 1.0, 2.0, 0.0),
+    "eigen": (6, 1.0, 8.0, 6.0, 0.5),
+    "eigen/laplace": (6, 1.0, 8.0, 8.0, 1.5),
+    "optimal": (6, 1.0, 12.0, 4.0, 0.2),
+    "coa": (6, 1.0, 30.0, 4.0, 0.5),
 }
 
 
@@ -134,14 +149,15 @@ def candidate_cost(name: str, n: int, m: int, nnz: int, estimated_seconds: float
     """A candidate's plan and least-squares error factors: the strategy's dense matrices
     (``A`` p × n, Gram and Cholesky factor n × n), the dense ``W`` (m × n) solved against the
     factor and its result (``2·m·n·8`` bytes, ``m·n²`` flops). The identity needs only the
-    row norms of the sparse ``W``. ``estimated_seconds``: the strategy's own estimate, when
-    it has one (used when larger)."""
-    square, rows, cube = _SHAPES.get(name, (6, 2.0, 12.0))
+    row norms of the sparse ``W``. ``name``: the strategy, ``eigen/laplace`` for the L1
+    Eigen-Design. ``estimated_seconds``: the strategy's own estimate, when it has one (used
+    when larger)."""
+    square, rows, cube, solves, fixed = _SHAPES.get(name, (6, 2.0, 12.0, 4.0, 0.5))
     if square == 0:
         return Cost(24.0 * nnz + 8.0 * (m + n), 2e-8 * nnz)
     workload_rows = m if name == "workload" else 0
     memory = 8.0 * (square * n * n + (rows * n + workload_rows) * n + 2.0 * m * n)
-    seconds = (cube * n ** 3 + 2.0 * m * n * n + 2.0 * rows * n * n * n) / FLOPS
+    seconds = fixed + (cube * n ** 3 + solves * m * n * n + 2.0 * rows * n ** 3) / FLOPS
     return Cost(memory, max(seconds, float(estimated_seconds)))
 
 
