@@ -47,7 +47,7 @@ DEFAULT_MAX_MEMORY = min(4 * GIB, (_physical_memory() or 8 * GIB) // 2)
 DEFAULT_TIME_LIMIT = 60.0
 #: flops per second assumed for dense linear algebra (LAPACK/BLAS on 2 shared cores;
 #: calibrated by benchmarks/limits.py)
-FLOPS = 4e9
+FLOPS = 2e9
 #: seconds per multiply-add of a sparse matrix product (scipy)
 SPARSE_SECONDS_PER_OP = 2.2e-9
 #: seconds per unit x part of the compile step's per-column grouping (numpy compares)
@@ -114,10 +114,10 @@ class Cost:
 def bound_cost(n: int, m: int, nnz: int, gram_ops: float = 0.0) -> Cost:
     """The singular value bound: eigenvalues of the smaller of ``W Wᵀ`` (m × m) and
     ``V = WᵀW`` (n × n), dense. The sparse product is formed first: copies of ``W``
-    (``24·nnz`` bytes), ``gram_ops`` multiply-adds (``Σ nnz(row)²`` over the side summed;
+    (``12·nnz`` bytes), ``gram_ops`` multiply-adds (``Σ nnz(row)²`` over the side summed;
     :func:`gram_ops`) and up to ``k²`` stored entries."""
     k = min(m, n)
-    memory = 36.0 * k * k + 24.0 * nnz
+    memory = 24.0 * k * k + 12.0 * nnz
     return Cost(memory, 0.01 + 4.0 * k ** 3 / FLOPS + SPARSE_SECONDS_PER_OP * gram_ops)
 
 
