@@ -45,9 +45,12 @@ def _physical_memory() -> int | None:
 DEFAULT_MAX_MEMORY = min(4 * GIB, (_physical_memory() or 8 * GIB) // 2)
 #: default time limit of one request's planning, in seconds
 DEFAULT_TIME_LIMIT = 60.0
-#: flops per second assumed for dense linear algebra (LAPACK/BLAS on 2 shared cores;
-#: calibrated by benchmarks/limits.py)
-FLOPS = 2e9
+#: flops per second of dense LAPACK/BLAS level-3 work (eigendecompositions, Cholesky,
+#: triangular solves with many right-hand sides) on 2 shared cores (benchmarks/limits.py)
+FLOPS = 3e10
+#: seconds per entry of a dense m x n array a dense candidate builds and passes over
+#: (densifying W, rounding and exact sensitivities of A, squaring the solved factors)
+DENSE_SECONDS_PER_ENTRY = 1.5e-7
 #: seconds per multiply-add of a sparse matrix product (scipy)
 SPARSE_SECONDS_PER_OP = 2.2e-9
 #: seconds per unit x part of the compile step's per-column grouping (numpy compares)
@@ -157,7 +160,8 @@ def candidate_cost(name: str, n: int, m: int, nnz: int, estimated_seconds: float
         return Cost(24.0 * nnz + 8.0 * (m + n), 2e-8 * nnz)
     workload_rows = m if name == "workload" else 0
     memory = 8.0 * (square * n * n + (rows * n + workload_rows) * n + 2.0 * m * n)
-    seconds = fixed + (cube * n ** 3 + solves * m * n * n + 2.0 * rows * n ** 3) / FLOPS
+    seconds = (fixed + (cube * n ** 3 + solves * m * n * n + 2.0 * rows * n ** 3) / FLOPS
+               + DENSE_SECONDS_PER_ENTRY * float(m) * n)
     return Cost(memory, max(seconds, float(estimated_seconds)))
 
 
