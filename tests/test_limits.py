@@ -174,3 +174,17 @@ def test_error_row_and_dbapi_settings(tmp_path, no_eigen):
     expl = conn.cursor().explain(WIDE)
     assert any("skipped" in c.note for c in expl.candidates)
     conn.close()
+
+
+def test_identity_laplace_halfwidths_per_row_count():
+    """Under the identity plan the Laplace half-widths come from each row's count of ones
+    (a CUBE over a million cells is not densified row by row); same numbers."""
+    import scipy.sparse as sp
+
+    from dpsql.inference.intervals import laplace_interval_halfwidth
+
+    rng = np.random.default_rng(0)
+    W = sp.csr_matrix((rng.random((40, 30)) < 0.3).astype(float))
+    fast = matrix._identity_halfwidths(W)
+    assert np.allclose(fast, laplace_interval_halfwidth(W.toarray(), 1.0), rtol=1e-10, atol=0)
+    assert matrix._identity_halfwidths(W * 0.5) is None
