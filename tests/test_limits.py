@@ -188,3 +188,13 @@ def test_identity_laplace_halfwidths_per_row_count():
     fast = matrix._identity_halfwidths(W)
     assert np.allclose(fast, laplace_interval_halfwidth(W.toarray(), 1.0), rtol=1e-10, atol=0)
     assert matrix._identity_halfwidths(W * 0.5) is None
+
+
+def test_planning_limits_refuse_nonsense():
+    from dpsql.errors import PrivacyParameterError
+
+    for bad in ({"max_memory": 0}, {"time_limit": -1}, {"max_memory": True}):
+        with pytest.raises(PrivacyParameterError):
+            with dpsql.planning_limits(**bad):
+                pass
+    assert planning.current() == planning.Limits()

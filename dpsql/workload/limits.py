@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpsql.errors import BatchTooLarge
+from dpsql.errors import BatchTooLarge, PrivacyParameterError
 
 GIB = 1024 ** 3
 
@@ -80,6 +80,9 @@ def current() -> Limits:
 def applied(max_memory=None, time_limit=None):
     """Plan with these limits inside the block (None keeps the current value)."""
     now = current()
+    for name, value in (("max_memory", max_memory), ("time_limit", time_limit)):
+        if value is not None and (isinstance(value, bool) or not value > 0):
+            raise PrivacyParameterError(f"{name} must be a positive number, got {value!r}")
     token = _CURRENT.set(Limits(
         int(now.max_memory if max_memory is None else max_memory),
         float(now.time_limit if time_limit is None else time_limit)))
