@@ -7,17 +7,18 @@
     release = db.answer("SELECT sex, COUNT(*) FROM adult GROUP BY sex", epsilon=0.5, delta=1e-6)
 """
 
-from dpsql.errors import (BudgetExceededError, DpsqlError, EngineError, InputFileError,
+from dpsql.errors import (BatchTooLarge, BudgetExceededError, DpsqlError, EngineError, InputFileError,
                      InternalFailure, LockTimeoutError, ParseError, PolicyError,
                      PrivacyParameterError, StrategyError, UnknownTableError,
                      UnsupportedQueryError, UsageError)
 from dpsql.session import InterruptedAfterRelease, Session, connect
+from dpsql.workload.limits import applied as planning_limits
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "BudgetExceededError", "DpsqlError", "EngineError", "InputFileError", "InternalFailure",
+    "BatchTooLarge", "BudgetExceededError", "DpsqlError", "EngineError", "InputFileError", "InternalFailure",
     "InterruptedAfterRelease", "LockTimeoutError", "ParseError", "PolicyError",
     "PrivacyParameterError", "Session", "StrategyError", "UnknownTableError",
-    "UnsupportedQueryError", "UsageError", "connect",
+    "UnsupportedQueryError", "UsageError", "connect", "planning_limits",
 ]

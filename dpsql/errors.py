@@ -79,6 +79,14 @@ class SchemaVersionError(EngineError):
     newer schema version); nothing was changed. Upgrade dpsql."""
 
 
+class BatchTooLarge(DpsqlError):
+    """A batch cannot be planned within the request's ``max_memory`` and ``time_limit``:
+    every candidate strategy's predicted memory or time (from the batch's size: cells,
+    queries, the strategy's own dense matrices and flops) exceeds them, or an allocation
+    failed anyway. Refused before any charge; the message names the limit, the batch's size
+    and the columns and statements that make it large (split the batch there)."""
+
+
 class LockTimeoutError(DpsqlError):
     """Another process held the database for longer than the configured wait."""
 
@@ -199,6 +207,8 @@ ERROR_TABLE: dict[type, ErrorRow] = {
                                  "database written by a newer dpsql: upgrade dpsql"),
     EngineError: ErrorRow(EX_UNAVAILABLE, "58000", "InternalError",
                           "database cannot be opened or the engine failed"),
+    BatchTooLarge: ErrorRow(EX_DATAERR, "54000", "OperationalError",
+                            "batch too large for max_memory / time_limit: split it"),
     LockTimeoutError: ErrorRow(EX_TEMPFAIL, "55P03", "OperationalError",
                                "database busy in another process: try again later"),
     BudgetExceededError: ErrorRow(EX_NOPERM, "53400", "BudgetExceeded",

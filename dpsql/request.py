@@ -40,6 +40,7 @@ from typing import Callable
 from dpsql.errors import DpsqlError, PrivacyParameterError, StrategyError, show_exact
 from dpsql.noise.accounting import to_exact, validate_delta, validate_epsilon
 from dpsql.noise.gaussian import CALIBRATIONS
+from dpsql.workload import limits as planning
 
 __all__ = ["ASKS", "CONNECTION_SETTINGS", "FLAGS", "TARGETS", "INTERFACES", "MODELS", "Request", "SETTINGS", "Setting",
            "check_asks", "check_strategy", "settings_for"]
@@ -155,6 +156,25 @@ def _seconds(value, name: str) -> float:
     if not 0 <= seconds <= 86400:
         raise PrivacyParameterError(f"{name} must be a number of seconds from 0 to 86400, "
                                     f"got {_shown(seconds)}")
+    return float(seconds)
+
+
+def _memory(value, name: str) -> int:
+    """A memory limit in bytes: a whole number from 1 MiB to 1 PiB."""
+    size = to_exact(value, name)
+    if size.denominator != 1 or not 2 ** 20 <= size <= 2 ** 50:
+        raise PrivacyParameterError(
+            f"{name} must be a whole number of bytes from 1048576 (1 MiB) to 2^50 (1 PiB), "
+            f"got {_shown(size)}")
+    return int(size)
+
+
+def _time_limit(value, name: str) -> float:
+    """A planning time limit in seconds: more than 0, at most a day."""
+    seconds = to_exact(value, name)
+    if not 0 < seconds <= 86400:
+        raise PrivacyParameterError(f"{name} must be a number of seconds above 0 and at most "
+                                    f"86400, got {_shown(seconds)}")
     return float(seconds)
 
 
@@ -345,6 +365,13 @@ CONNECTION_SETTINGS: dict[str, Setting] = _declare(
             "the database file", ("dbapi",), _seconds, "30"),
     Setting("create", "flag", True, "create the database file if it does not exist",
             ("dbapi",), _flag),
+    Setting("max_memory", "number", planning.DEFAULT_MAX_MEMORY, "bytes one request's "
+            "planning may use (default 4 GiB, or half the machine's memory if less): "
+            "strategies predicted to need more are skipped, a batch none fits is refused",
+            ("dbapi",), _memory, "4294967296"),
+    Setting("time_limit", "number", planning.DEFAULT_TIME_LIMIT, "seconds one request's "
+            "planning may take (predicted from the batch's size; default 60)", ("dbapi",),
+            _time_limit, "60"),
 )
 
 

@@ -32,6 +32,7 @@ from dpsql import errors as dp
 from dpsql.session import InterruptedAfterRelease, Session
 from dpsql.sql.parse import split_statements
 from dpsql.request import CONNECTION_SETTINGS, Request, settings_for
+from dpsql.workload import limits as planning
 
 apilevel = "2.0"
 threadsafety = 2
@@ -281,7 +282,8 @@ def connect(database, **settings) -> "Connection":
     (attributes or :meth:`Connection.configure`). The keywords are the declared settings
     (:data:`dpsql.request.SETTINGS` exposed to ``dbapi``: epsilon, target_rmse, max_stderr,
     delta, strategy, calibration, model, nonnegative, integer, reuse, confirm) and the
-    connection's own (:data:`dpsql.request.CONNECTION_SETTINGS`: lock_timeout, create).
+    connection's own (:data:`dpsql.request.CONNECTION_SETTINGS`: lock_timeout, create,
+    max_memory, time_limit).
     ``delta=0`` is pure epsilon-DP; ``model="metric"`` charges epsilon per unit distance
     to the table's metric (d_X) budget. Accuracy first: ``target_rmse`` or ``max_stderr``
     instead of ``epsilon`` (with ``confirm=True`` to spend what it needs)."""
@@ -336,6 +338,11 @@ class Connection:
         self.closed = False
         with _backend():
             self._session = Session(path, lock_timeout=own["lock_timeout"])
+        self._limits = {k: own[k] for k in ("max_memory", "time_limit")}
+
+    def _planning(self):
+        """Plan this connection's requests within its ``max_memory`` and ``time_limit``."""
+        return planning.applied(**self._limits)
 
     @check_closed
     def configure(self, **changes) -> None:
@@ -449,14 +456,14 @@ class Cursor:
         ``epsilon`` is what an execute with ``confirm=True`` would spend)."""
         sql = _Template(operation).bind(parameters)
         s = self.connection._snapshot()
-        with _backend():
+        with _backend(), self.connection._planning():
             return self.connection._session.explain(
                 sql, **{k: v for k, v in s.items() if k in _EXPLAIN_SETTINGS})
 
     def _answer(self, sql: str | list[str]) -> "Cursor":
         settings = self.connection._snapshot()
         try:
-            with _backend():
+            with _backend(), self.connection._planning():
                 release = self.connection._session.answer(sql, **settings)
         except InterruptedAfterRelease as exc:  # charged and written: keep the answers
             self._load(exc.release)

@@ -35,10 +35,12 @@ from dataclasses import replace
 from fractions import Fraction
 
 import numpy as np
+import scipy.sparse as sp
 
 from dpsql.store import selection_cache
 from dpsql.store import strategy_cache
 from dpsql.errors import StrategyError
+from dpsql.mechanisms import fit
 from dpsql.inference.least_squares import LeastSquares
 from dpsql.noise.gaussian import calibrate_with_rounding
 from dpsql.store.results import Z95, Candidate, Explanation
@@ -180,6 +182,11 @@ def evaluate(con, family: str, name: str, strategy, workload: Workload, auto: bo
         if not auto:
             raise
         return Evaluation(family, name, note=str(exc), status="error")
+    except MemoryError:
+        if not auto:
+            raise                      # select turns it into the BatchTooLarge refusal
+        return Evaluation(family, name, status="skipped",
+                          note="skipped: out of memory while planning it")
     if key is None and plan.A is not None and w_hash is not None:
         key = strategy_cache.rows_fingerprint(name, strategy, w_hash, workload.shape, family)
     return Evaluation(family, name, factors, plan, seconds=seconds, cached=cached,
@@ -226,11 +233,16 @@ def select(con, policy, workload: Workload, eps, dlt, strategy: str,
     workload was seen with the same candidates (:mod:`dpsql.store.selection_cache`); the chosen
     candidate then carries its real plan, re-read and re-verified, and a solver whose
     factorisation is read (or computed) only when it is used."""
-    names = requested(policy, dlt, strategy)
     auto = strategy == "auto"
+    names, skipped = fit.screen(workload, requested(policy, dlt, strategy), auto)
+    bound_note = fit.bound_fits(workload)        # sizes first: before any eigenvalue
     for fresh in (False, True):
         started = time.perf_counter()
-        total, evals, hit, where = _evaluations(con, workload, names, auto, fresh)
+        try:
+            total, evals, hit, where = _evaluations(con, workload, names, auto, fresh,
+                                                    bound_note is None)
+        except MemoryError:
+            raise fit.out_of_memory(workload) from None
         bounds_by = {f: bound_rmse(f, eps, dlt, calibration, total, workload.n_queries)
                      for f in {f for f, _, _ in names}}
         candidates = [price(e, eps, dlt, calibration, bounds_by[e.family]) for e in evals]
@@ -250,15 +262,19 @@ def select(con, policy, workload: Workload, eps, dlt, strategy: str,
             _remember(con, where, workload, total, evals, i)
         break
     best = candidates[i]
+    candidates += [price(e, eps, dlt, calibration, math.nan) for e in skipped]
     return Explanation(policy.table, float(eps), float(dlt), best.strategy, best.sigma,
                        best.rmse, best.stderr, workload.n_queries, workload.n_cells,
                        tuple(candidates),
                        tuple((o.query.index, o.start, o.stop) for o in workload.outputs),
-                       bound_rmse=bounds_by[best.mechanism], mechanism=best.mechanism)
+                       bound_rmse=bounds_by[best.mechanism], mechanism=best.mechanism,
+                       bound_note=bound_note or "")
 
 
-def _evaluations(con, workload: Workload, names, auto: bool, fresh: bool):
-    """(svdb, evaluations, from the cache?, (entry key, W hash)) for ``names``."""
+def _evaluations(con, workload: Workload, names, auto: bool, fresh: bool,
+                 with_bound: bool = True):
+    """(svdb, evaluations, from the cache?, (entry key, W hash)) for ``names`` (svdb is NaN
+    without ``with_bound``: over the planning limits)."""
     where = None
     if con is not None:
         w_hash = selection_cache.cached_hash(workload)
@@ -267,7 +283,7 @@ def _evaluations(con, workload: Workload, names, auto: bool, fresh: bool):
         found = None if fresh else selection_cache.load(con, *where, workload, names)
         if found is not None:
             return found[0], found[1], True, where
-    total = svdb(workload_info(workload))
+    total = svdb(workload_info(workload)) if with_bound else math.nan
     evals = [evaluate(con, f, n, obj, workload, auto, where and where[1])
              for f, n, obj in names]
     return total, evals, False, where
@@ -340,14 +356,32 @@ def interval_halfwidths(con, expl: Explanation, solver: LeastSquares,
     if units is None:
         from dpsql.inference.intervals import laplace_interval_halfwidth
 
-        units = np.empty(W.shape[0])
+        units = _identity_halfwidths(W) if solver.plan.A is None else None
         step = max(1, int(4e7 // max(1, solver.plan.n_measurements)))  # ≤ 320 MB per chunk
-        for start in range(0, W.shape[0], step):
+        for start in range(0, W.shape[0] if units is None else 0, step):
+            if start == 0:
+                units = np.empty(W.shape[0])
             C = solver.coefficients(W[start:start + step])
             units[start:start + step] = laplace_interval_halfwidth(C, 1.0)
         if name is not None:
             selection_cache.store_units(con, name, units)
     return units * float(expl.sigma)
+
+
+def _identity_halfwidths(W) -> np.ndarray | None:
+    """Under the identity plan a 0/1 row's coefficients are its k ones, so its half-width
+    (at b = 1) depends on k alone: one computation per distinct k instead of densifying
+    every row (a CUBE over a million cells), or None when ``W`` is not 0/1."""
+    from dpsql.inference.intervals import laplace_interval_halfwidth
+
+    W = sp.csr_matrix(W)
+    if W.nnz and not np.all(W.data == 1.0):
+        return None
+    counts = np.diff(W.indptr)
+    units = np.zeros(W.shape[0])
+    for k in np.unique(counts[counts > 0]):
+        units[counts == k] = laplace_interval_halfwidth(np.ones((1, int(k))), 1.0)[0]
+    return units
 
 
 def _metric(stderr: np.ndarray, objective: str) -> float:

@@ -34,6 +34,7 @@ from typing import Any, Mapping
 
 from dpsql.noise.accounting import fraction_from_text, fraction_to_text, to_exact
 from dpsql.workload.domain import Domain, domain_from_spec
+from dpsql.workload import limits as planning
 from dpsql.errors import PolicyError, PrivacyParameterError, read_input_file
 
 _TABLE_FIELDS = {"epsilon", "delta", "columns", "rows", "metric", "zcdp_delta"}
@@ -169,7 +170,8 @@ def table_policy_from_spec(table: str, spec: Mapping[str, Any]) -> TablePolicy:
         if name.lower() in seen:
             raise PolicyError(f"table {table!r}: column {name!r} declared twice")
         seen.add(name.lower())
-        cols.append((name.lower(), domain_from_spec(table, name, col_spec)))
+        cols.append((name.lower(), _usable(table, name, domain_from_spec(table, name,
+                                                                         col_spec))))
     metric = None
     if spec.get("metric") is not None:
         from dpsql.policy.metric import MetricModel
@@ -177,6 +179,23 @@ def table_policy_from_spec(table: str, spec: Mapping[str, Any]) -> TablePolicy:
         metric = MetricModel.from_dict(spec["metric"], table=table, domains=dict(cols))
     return TablePolicy(table.lower(), epsilon, delta, tuple(cols), rows=rows, metric=metric,
                        zcdp_delta=zcdp_delta)
+
+
+def _usable(table: str, name: str, domain):
+    """A domain some request could use: a GROUP BY over the column alone must compile
+    within the planning limits (:func:`dpsql.workload.limits.max_column_units`)."""
+    most = planning.max_column_units()
+    if domain.n_units > most:
+        limits = planning.current()
+        raise PolicyError(
+            f"policy for table {table!r}: column {name!r} has {domain.n_units:,} units "
+            f"(declared values or steps, plus other and NULL); no request could use it within "
+            f"{limits.describe()}: grouping by it alone needs about "
+            f"{planning.compile_seconds(domain.n_units, domain.n_units):.3g} s to compile "
+            f"(at most {most:,} units per column); nothing was stored; declare fewer values, "
+            "or coarser bins (a numeric column with edges, an integer column with a larger "
+            "step)")
+    return domain
 
 
 def load_policy(source: str | Path | Mapping[str, Any], table: str | None = None) -> dict:

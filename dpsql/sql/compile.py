@@ -30,6 +30,7 @@ import scipy.sparse as sp
 
 from dpsql.workload.domain import FALSE, TRUE, NotExpressible
 from dpsql.errors import UnsupportedQueryError
+from dpsql.workload import limits as planning
 from dpsql.sql.parse import Atom, Const, Predicate, Query
 
 #: the largest number of cells one batch may use (the product of the parts)
@@ -156,6 +157,7 @@ def _atom_truth(atom: Atom, domain) -> np.ndarray:
             f"{exc}", atom.line, atom.col) from None
 
 
+@planning.refuse_out_of_memory
 def compile_workload(queries: list[Query], policy) -> Workload:
     """Build cells and ``W`` for a batch (all statements on ``policy``'s table)."""
     tables = {q.table for q in queries}
@@ -208,6 +210,7 @@ def compile_workload(queries: list[Query], policy) -> Workload:
         sig = np.stack(columns, axis=1) if columns else np.zeros((dom.n_units, 1))
         _, first, inverse = np.unique(sig, axis=0, return_index=True, return_inverse=True)
         # number parts in order of their first unit
+        planning.check_grouping(c, dom.n_units, len(first))
         order = np.argsort(first, kind="stable")
         rank = np.empty_like(order)
         rank[order] = np.arange(len(order))

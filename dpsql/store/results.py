@@ -73,6 +73,7 @@ class Explanation:
     mechanism: str = "gaussian"      # noise family of the chosen strategy ("reuse": none)
     free: tuple = ()                 # rows of W answered from past releases at no cost
     reused_from: tuple = ()          # the release ids whose measurements are combined
+    bound_note: str = ""             # why the bound was not computed (planning limits)
 
     @property
     def bound_ratio(self) -> float:
@@ -86,7 +87,8 @@ class Explanation:
                  "dx_laplace": "d_X Laplace (metric privacy; epsilon per unit distance)",
                  "reuse": "no new noise: every answer comes from past releases"}
         bound = (f"; lower bound (svdb) RMSE {self.bound_rmse:.4g}"
-                 if math.isfinite(self.bound_rmse) else "")
+                 if math.isfinite(self.bound_rmse) else
+                 f"; {self.bound_note}" if self.bound_note else "")
         lines = [
             f"table {self.table}: {self.n_queries} queries over {self.n_cells} cells; "
             f"epsilon={self.epsilon:g}, delta={self.delta:g}; "

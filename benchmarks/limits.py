@@ -1,0 +1,190 @@
+"""Benchmark: predicted against measured planning memory and time (issue 22 item 3).
+
+    python benchmarks/limits.py [--max-seconds S]
+
+For growing batches, the planning step of every candidate strategy (plan + least-squares
+error factors: :func:`dpsql.mechanisms.matrix.evaluate`) and the singular value bound are
+run on their own, each with a fresh ``V``, and compared with the prediction
+:mod:`dpsql.mechanisms.fit` makes from the batch's size before any numerics:
+
+- ``cube k``: ``GROUP BY CUBE`` over the first k of sex, race, income, marital_status,
+  workclass, education, occupation (the packaged Adult policy: declared values plus
+  ``other``), compiled from SQL;
+- ``ranges n``: every range ``[i, j]`` over one ordered column of n parts (m = n(n+1)/2).
+
+Peak memory is tracemalloc's peak (NumPy allocations included) over the step; time is
+measured in the same run (tracing costs little here: the work is in LAPACK). ``ratio`` is
+measured / predicted (target: within 2x, i.e. 0.5 to 2; a prediction above the measure is
+the safe side); it is ``n/a`` below 1 MiB or 0.5 s, where fixed overheads dominate and no
+limit is near. Times are wall-clock on a shared 2-core machine and move with its load. Steps predicted over ``--max-seconds`` are not run (``-``). The last column
+is what ``auto`` does under the default limits (4 GiB, 60 s): candidates kept, or refused.
+Then the refusal points of all-range workloads (predicted only): where the first candidate
+is skipped, where only the identity is left, where compile refuses and where no candidate
+fits. Always exits 0: a benchmark, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import tracemalloc
+from types import SimpleNamespace
+
+import numpy as np
+import scipy.sparse as sp
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from dpsql.errors import BatchTooLarge  # noqa: E402
+from dpsql.mechanisms import fit, matrix  # noqa: E402
+from dpsql.policy.policy import load_policy  # noqa: E402
+from dpsql.errors import DpsqlError  # noqa: E402
+from dpsql.sql.compile import (MAX_NONZEROS, ColumnPartition, Output, Workload,  # noqa: E402
+                               compile_workload)
+from dpsql.sql.parse import parse_batch  # noqa: E402
+from dpsql.workload import limits as planning  # noqa: E402
+
+CUBE_COLUMNS = ("sex", "race", "income", "marital_status", "workclass", "education",
+                "occupation")
+POLICY = os.path.join(ROOT, "dpsql", "data", "adult_policy.toml")
+
+
+def cube(k: int, policies) -> Workload:
+    cols = ", ".join(CUBE_COLUMNS[:k])
+    sql = f"SELECT {cols}, COUNT(*) FROM adult GROUP BY CUBE({cols})"
+    queries = parse_batch(sql, lambda name, node: policies[name])
+    return compile_workload(queries, policies["adult"])
+
+
+def ranges(n: int) -> Workload:
+    """Every range [i, j] over n ordered parts, as a compiled workload would hold it."""
+    i, j = np.triu_indices(n)
+    rows = np.repeat(np.arange(len(i)), j - i + 1)
+    cols = np.concatenate([np.arange(a, b + 1) for a, b in zip(i, j)])
+    W = sp.csr_matrix((np.ones(len(rows)), (rows, cols)), shape=(len(i), n))
+    part = ColumnPartition("x", np.arange(n), n, tuple((u,) for u in range(n)))
+    query = SimpleNamespace(index=0, where=None, grouping_sets=(("x",),), count_column=None)
+    return Workload("synthetic", (part,), W, (Output(query, 0, len(i), (), (), (), None),))
+
+
+def measured(step):
+    """(peak bytes, seconds) of ``step()``."""
+    tracemalloc.start()
+    started = time.perf_counter()
+    try:
+        step()
+    except MemoryError:
+        pass
+    seconds = time.perf_counter() - started
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return peak, seconds
+
+
+def fresh(workload: Workload) -> None:
+    object.__setattr__(workload, "_strategy_info", None)
+
+
+def row(label: str, what: str, cost: planning.Cost, max_seconds: float, step) -> None:
+    if cost.seconds > max_seconds or cost.memory > 2 * planning.GIB:
+        print(f"{label:<12} {what:<14} {cost.memory / 2**20:>11.1f} {'-':>10} {'-':>6} "
+              f"{cost.seconds:>9.2f} {'-':>9} {'-':>6}", flush=True)
+        return
+    peak, seconds = measured(step)
+    memory_ratio = (f"{peak / cost.memory:>6.2f}" if max(peak, cost.memory) >= 2 ** 20
+                    else f"{'n/a':>6}")
+    time_ratio = (f"{seconds / cost.seconds:>6.2f}" if max(seconds, cost.seconds) >= 0.5
+                  else f"{'n/a':>6}")
+    print(f"{label:<12} {what:<14} {cost.memory / 2**20:>11.1f} {peak / 2**20:>10.1f} "
+          f"{memory_ratio} {cost.seconds:>9.2f} {seconds:>9.2f} {time_ratio}", flush=True)
+
+
+def case(label: str, workload: Workload, max_seconds: float) -> None:
+    names = matrix.requested(_Policy, 1e-6, "auto")
+    print(f"{label}: n = {workload.n_cells:,} cells, m = {workload.n_queries:,} queries, "
+          f"nnz = {workload.W.nnz:,}; auto under the default limits: {auto(workload, names)}")
+    fresh(workload)
+    cost = planning.bound_cost(workload.n_cells, workload.n_queries, workload.W.nnz,
+                               planning.gram_ops(workload.W))
+    row(label, "svdb", cost, max_seconds,
+        lambda: matrix.svdb(matrix.workload_info(workload)))
+    seen = set()
+    for family, name, strategy in names:
+        if (name, type(strategy)) in seen or family == "laplace" and name != "eigen":
+            continue                    # the shared strategies cost the same in both
+        seen.add((name, type(strategy)))
+        fresh(workload)
+        cost = fit.predicted(workload, family, name, strategy)
+        row(label, f"{name}/{family[:5]}", cost, max_seconds,
+            lambda: matrix.evaluate(None, family, name, strategy, workload, False))
+
+
+def auto(workload: Workload, names) -> str:
+    try:
+        kept, skipped = fit.screen(workload, names, True)
+    except BatchTooLarge:
+        return "refused"
+    bound = "" if fit.bound_fits(workload) is None else "; svdb skipped"
+    return f"{len(kept)} of {len(names)} candidates kept{bound}"
+
+
+class _Policy:
+    delta = 1e-5
+
+
+def refusal_points() -> None:
+    """All ranges over n parts (m = n(n+1)/2, nnz = n(n+1)(n+2)/6), predicted only."""
+    names = matrix.requested(_Policy, 1e-6, "auto")
+    limits = planning.current()
+    print(f"\nrefusal points of all-range workloads under the default limits "
+          f"({limits.describe()}), predicted:")
+    said = set()
+    for n in range(16, 4096, 8):
+        m, nnz = n * (n + 1) // 2, n * (n + 1) * (n + 2) // 6
+        kept = {nm for fm, nm, st in names
+                if _cost(fm, nm, st, n, m, nnz).over(limits) is None}
+        for what, hit in (("the first candidate is skipped", len(kept) < len(set(
+                              nm for _, nm, _ in names))),
+                          ("only identity fits", kept == {"identity"}),
+                          ("compile refuses (nonzeros over MAX_NONZEROS)", nnz > MAX_NONZEROS),
+                          ("refused (no candidate fits)", not kept)):
+            if hit and what not in said:
+                said.add(what)
+                print(f"  from n = {n:,} (m = {m:,}, nnz = {nnz:,}): {what}")
+
+
+def _cost(family, name, strategy, n, m, nnz):
+    estimate = getattr(strategy, "estimated_seconds", None)
+    class _N:  # noqa: E306
+        pass
+    info = _N()
+    info.n = n
+    key = "eigen/laplace" if family == "laplace" and name == "eigen" else name
+    return planning.candidate_cost(key, n, m, nnz, estimate(info) if estimate else 0.0)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--max-seconds", type=float, default=20.0)
+    args = parser.parse_args()
+    policies = load_policy(POLICY)
+    print(f"{'batch':<12} {'step':<14} {'pred MiB':>11} {'peak MiB':>10} {'ratio':>6} "
+          f"{'pred s':>9} {'actual s':>9} {'ratio':>6}")
+    for k in range(2, len(CUBE_COLUMNS) + 1):
+        try:
+            workload = cube(k, policies)
+        except DpsqlError as exc:
+            print(f"cube {k}: refused by compile: {exc}")
+            continue
+        case(f"cube {k}", workload, args.max_seconds)
+    for n in (64, 128, 256, 512, 1024):
+        case(f"ranges {n}", ranges(n), args.max_seconds)
+    refusal_points()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
