@@ -79,6 +79,11 @@ class SchemaVersionError(EngineError):
     newer schema version); nothing was changed. Upgrade dpsql."""
 
 
+class DomainTooLarge(DpsqlError):
+    """An operation on an implicit (Kronecker / marginal) workload would build an array the
+    size of the full product of the columns; refused before allocating it."""
+
+
 class BatchTooLarge(DpsqlError):
     """A batch cannot be planned within the request's ``max_memory`` and ``time_limit``:
     every candidate strategy's predicted memory or time (from the batch's size: cells,
@@ -207,6 +212,8 @@ ERROR_TABLE: dict[type, ErrorRow] = {
                                  "database written by a newer dpsql: upgrade dpsql"),
     EngineError: ErrorRow(EX_UNAVAILABLE, "58000", "InternalError",
                           "database cannot be opened or the engine failed"),
+    DomainTooLarge: ErrorRow(EX_DATAERR, "54000", "OperationalError",
+                             "would build the full product of the columns: split the batch"),
     BatchTooLarge: ErrorRow(EX_DATAERR, "54000", "OperationalError",
                             "batch too large for max_memory / time_limit: split it"),
     LockTimeoutError: ErrorRow(EX_TEMPFAIL, "55P03", "OperationalError",

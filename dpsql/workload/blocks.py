@@ -27,16 +27,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpsql.errors import DpsqlError
+from dpsql.errors import DomainTooLarge
 
 #: largest full product a data vector may have for matvec / rmatvec / marginal of a full x
 MAX_VECTOR_CELLS = 1 << 24
 #: largest number of entries (rows x cells) ``dense()`` builds
 MAX_DENSE_ENTRIES = 1 << 24
-
-
-class DomainTooLarge(DpsqlError):
-    """An operation would build an array the size of the full product of the columns."""
 
 
 def ones_factor(n: int) -> np.ndarray:

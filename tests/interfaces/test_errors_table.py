@@ -159,7 +159,10 @@ NOT_REACHABLE_BY_SUBPROCESS = {"LockTimeoutError", "InternalFailure",   # in-pro
                                "SchemaVersionError",   # tests/store/test_schema_migration.py
                                # the CLI has no flag for the planning limits yet, so a batch
                                # over the defaults takes minutes to build: tests/release/test_limits.py
-                               "BatchTooLarge"}
+                               "BatchTooLarge",
+                               # implicit workloads are not wired into requests yet (issue 16):
+                               # tests/strategies/test_blocks.py raises it
+                               "DomainTooLarge"}
 
 
 def test_cli_cases_cover_every_class():

@@ -31,7 +31,10 @@ GROUP_SEX = "SELECT sex, COUNT(*) FROM adult GROUP BY sex;"
 # deterministically: strategy selection runs before the charge, `Session._write` after it
 # (Ctrl-C deferred).
 SLOW_HOOK = """
-import sys, time
+import signal, sys, time
+# a test runner started in the background by a non-interactive shell inherits SIGINT ignored
+# (and so would this child): the tests below send SIGINT, so take Python's own handler back
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import dpsql.mechanisms.matrix as selection
 import dpsql.session as s
 phase, seconds = sys.argv.pop(1), float(sys.argv.pop(1))
