@@ -43,7 +43,7 @@ from dpsql.noise.gaussian import CALIBRATIONS
 from dpsql.workload import limits as planning
 
 __all__ = ["ASKS", "CONNECTION_SETTINGS", "FLAGS", "TARGETS", "INTERFACES", "MODELS", "Request", "SETTINGS", "Setting",
-           "check_asks", "check_strategy", "settings_for"]
+           "check_asks", "check_strategy", "given", "settings_for"]
 
 #: where a setting can be exposed; the text interfaces hand the parser text as typed
 INTERFACES = ("cli", "shell", "dbapi", "script")
@@ -368,10 +368,10 @@ CONNECTION_SETTINGS: dict[str, Setting] = _declare(
     Setting("max_memory", "number", planning.DEFAULT_MAX_MEMORY, "bytes one request's "
             "planning may use (default 4 GiB, or half the machine's memory if less): "
             "strategies predicted to need more are skipped, a batch none fits is refused",
-            ("dbapi",), _memory, "4294967296"),
+            ("cli", "shell", "dbapi"), _memory, "4294967296"),
     Setting("time_limit", "number", planning.DEFAULT_TIME_LIMIT, "seconds one request's "
-            "planning may take (predicted from the batch's size; default 60)", ("dbapi",),
-            _time_limit, "60"),
+            "planning may take (predicted from the batch's size; default 60)",
+            ("cli", "shell", "dbapi"), _time_limit, "60"),
 )
 
 
@@ -379,6 +379,13 @@ def settings_for(interface: str, table: dict | None = None) -> list[Setting]:
     """The settings ``interface`` exposes, in declaration order."""
     return [s for s in (SETTINGS if table is None else table).values()
             if interface in s.interfaces]
+
+
+def given(options, interface: str, table: dict | None = None) -> dict:
+    """The settings of ``table`` (default: the request settings) that ``interface`` exposes
+    and ``options`` (an argparse namespace of the command line) sets, parsed as text."""
+    return {s.name: s.parse(getattr(options, s.name), "cli")
+            for s in settings_for(interface, table) if getattr(options, s.name, None) is not None}
 
 
 def check_asks(epsilon, target_rmse, max_stderr, where: str = "", interface: str = "dbapi",

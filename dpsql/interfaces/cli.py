@@ -34,7 +34,8 @@ from importlib import resources
 
 from dpsql.errors import DpsqlError, InputFileError
 from dpsql.interfaces.exits import Parser, epilog, guarded, read_script
-from dpsql.request import settings_for
+from dpsql.request import CONNECTION_SETTINGS, given, settings_for
+from dpsql.workload import limits as planning
 from dpsql.store.results import format_table
 
 
@@ -42,14 +43,13 @@ def _privacy_args(p: argparse.ArgumentParser) -> None:
     """One option per setting the declaration exposes to the command line
     (:data:`dpsql.request.SETTINGS`); values are parsed after argparse, with the declared
     parsers, so a bad one is one line on stderr like every other refusal."""
-    for setting in settings_for("cli"):
+    for setting in settings_for("cli") + settings_for("cli", CONNECTION_SETTINGS):
         p.add_argument(setting.flag, **setting.argparse_options())
 
 
 def _defaults(args) -> dict:
     """The command line's settings, parsed (unset ones are left to the script)."""
-    return {s.name: s.parse(getattr(args, s.name), "cli") for s in settings_for("cli")
-            if getattr(args, s.name) is not None}
+    return given(args, "cli")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -207,7 +207,8 @@ def _script(args, *, dry_run: bool) -> int:
     defaults = _defaults(args)
     script = parse_script(read_script(args.script), **defaults)
     out = _ScriptOutput(args, len(script.workloads))
-    with connect(args.db) as db:
+    limits = given(args, "cli", CONNECTION_SETTINGS)     # max_memory, time_limit
+    with connect(args.db) as db, planning.applied(**limits):
         plan = check_script(db, script, replace=args.replace)
         if dry_run:
             out.plan(plan)

@@ -198,3 +198,28 @@ def test_planning_limits_refuse_nonsense():
             with dpsql.planning_limits(**bad):
                 pass
     assert planning.current() == planning.Limits()
+
+
+def test_the_command_line_and_the_shell_take_the_limits(tmp_path, capsys, no_eigen):
+    """``--max-memory`` / ``--time-limit`` come from the one declaration into ``dpsql
+    run/explain`` and ``dpsql shell``: the CUBE over 1 MiB is refused with the table's status
+    (65) and one line, nothing charged; a bad value is refused like any bad setting."""
+    from dpsql.interfaces import cli
+    from dpsql.interfaces.shell import app as shell_app
+
+    path = str(tmp_path / "adult.duckdb")
+    make_adult_db(path, epsilon=10.0, delta=1e-3).close()
+    script = tmp_path / "cube.sql"
+    script.write_text(CUBE + ";\n")
+    common = ["--epsilon", "1", "--delta", "1e-6", "--max-memory", str(2 ** 20)]
+    assert cli.main(["explain", path, str(script), *common]) == 65
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "max_memory = 1 MiB" in err and len(err.splitlines()) == 1
+    assert shell_app.main([path, *common, "-e", CUBE]) == 65
+    err = capsys.readouterr().err
+    assert "max_memory = 1 MiB" in err and len(err.strip().splitlines()) == 1
+    assert cli.main(["run", path, str(script), "--epsilon", "1", "--delta", "1e-6",
+                     "--time-limit", "-5"]) == 65
+    assert "--time-limit must be a number of seconds" in capsys.readouterr().err
+    with dpsql.connect(path) as session:
+        _nothing_charged(session)

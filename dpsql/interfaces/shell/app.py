@@ -18,7 +18,8 @@ import sys
 
 from dpsql.errors import InputFileError
 from dpsql.interfaces.exits import Parser, epilog, guarded, read_script
-from dpsql.request import settings_for
+from dpsql.request import CONNECTION_SETTINGS, given, settings_for
+from dpsql.workload import limits as planning
 
 
 class _Batch(argparse.Action):
@@ -44,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run a SQL file (- for standard input) as one workload and exit; "
                         "repeatable")
     p.add_argument("--csv", action="store_true", help="print results as CSV")
-    for setting in settings_for("shell"):    # one option per declared shell setting
+    for setting in settings_for("shell") + settings_for("shell", CONNECTION_SETTINGS):
         p.add_argument(setting.flag, **setting.argparse_options())
     return p
 
@@ -62,8 +63,8 @@ def _main(args) -> int:
     from dpsql.interfaces.shell.executor import Executor
     from dpsql.interfaces.shell.settings import ShellState
 
-    settings = {s.name: s.parse(getattr(args, s.name), "cli") for s in settings_for("shell")
-                if getattr(args, s.name) is not None}
+    settings = given(args, "shell")
+    limits = given(args, "shell", CONNECTION_SETTINGS)     # max_memory, time_limit
     if not os.path.exists(args.db):
         raise InputFileError(f"database {args.db!r} does not exist; check the path (`dpsql "
                              "demo --db PATH` builds a demo database)")
@@ -74,7 +75,7 @@ def _main(args) -> int:
     interactive = not batch and sys.stdin.isatty()
     if not batch and not interactive:
         batch = [("-f", "-")]          # piped input: one workload, like -f -
-    with connect(args.db) as session:
+    with connect(args.db) as session, planning.applied(**limits):
         state = ShellState(session, interactive=interactive, **settings)
         state.refresh()
         if interactive:
