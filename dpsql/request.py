@@ -32,13 +32,12 @@ both; the classic calibration only for epsilon < 1; a metric request is pure, ..
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, fields
 from fractions import Fraction
 from typing import Callable
 
 from dpsql.errors import DpsqlError, PrivacyParameterError, StrategyError, show_exact
-from dpsql.noise.accounting import to_exact, validate_delta, validate_epsilon
+from dpsql.noise.accounting import number_from_text, to_exact, validate_delta, validate_epsilon
 from dpsql.noise.gaussian import CALIBRATIONS
 from dpsql.workload import limits as planning
 
@@ -52,9 +51,6 @@ MODELS = ("dp", "metric")
 MAX_RELEASE_NAME = 200
 #: a flag as text: on / off (true/false, yes/no, 1/0 work too)
 ON, OFF = ("on", "true", "yes", "1"), ("off", "false", "no", "0")
-#: numbers as text: ASCII decimals with an optional exponent, or an ASCII fraction
-_NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,4})?"
-                     r"|[+-]?[0-9]+/[0-9]*[1-9][0-9]*")
 
 
 # --------------------------------------------------------------------------- value rules
@@ -269,6 +265,15 @@ class Setting:
             return self.check(self._from_text(raw, name), name)
         return self._from_value(raw, name)
 
+    def _number(self, text: str, name: str, got: str) -> Fraction:
+        """``text`` read by the one reader of typed numbers (ASCII decimals or fractions,
+        exactly: :func:`dpsql.noise.accounting.number_from_text`), refused with this
+        setting's message (``got``: the value as the user gave it)."""
+        try:
+            return number_from_text(text, name, self.example)
+        except PrivacyParameterError:
+            raise self.refusal(name, got) from None
+
     def _from_text(self, raw: str, name: str):
         text = raw.strip()
         if self.kind == "flag":
@@ -278,9 +283,7 @@ class Setting:
         if self.kind in ("number", "share"):
             percent = self.kind == "share" and text.endswith("%")
             digits = text[:-1].strip() if percent else text
-            if not _NUMBER.fullmatch(digits):
-                raise self.refusal(name, repr(text))
-            return Fraction(digits) / (100 if percent else 1)
+            return self._number(digits, name, repr(text)) / (100 if percent else 1)
         return raw                   # text: the check strips what it may (not a name)
 
     def _from_value(self, value, name: str):
@@ -295,8 +298,7 @@ class Setting:
                     "itself, not text")
             raise self.refusal(name, repr(value))
         if self.kind in ("number", "share") and isinstance(value, str):
-            if not _NUMBER.fullmatch(value.strip()):
-                raise self.refusal(name, repr(value.strip()))
+            self._number(value, name, repr(value.strip()))     # refused unless a number
             raise PrivacyParameterError(
                 f"{name} must be a number such as {self.example}, got str {value!r}; pass "
                 "the number itself, not text")

@@ -97,7 +97,7 @@ def residual_answer(sizes, a: dict, y: dict, B) -> np.ndarray:
     return out
 
 
-def _pinv_gram(A: np.ndarray) -> np.ndarray:
+def gram_pinv(A: np.ndarray) -> np.ndarray:
     """``(AᵀA)⁺`` by a symmetric eigendecomposition (small factors only)."""
     lam, U = np.linalg.eigh(A.T @ A)
     keep = lam > 1e-12 * max(float(lam.max(initial=0.0)), 1e-300)
@@ -105,7 +105,7 @@ def _pinv_gram(A: np.ndarray) -> np.ndarray:
 
 
 def _check_row_space(W: np.ndarray, A: np.ndarray) -> None:
-    G = _pinv_gram(A)
+    G = gram_pinv(A)
     resid = W - W @ G @ (A.T @ A)
     if np.abs(resid).max(initial=0.0) > ROW_SPACE_TOL * max(np.abs(W).max(initial=0.0), 1.0):
         raise ValueError("a workload factor has rows outside its strategy factor's row space; "
@@ -118,7 +118,7 @@ def kron_variances(W_factors, A_factors) -> np.ndarray:
     for W, A in zip(W_factors, A_factors, strict=True):
         W, A = np.asarray(W, dtype=float), np.asarray(A, dtype=float)
         _check_row_space(W, A)
-        out = np.kron(out, np.einsum("ij,jk,ik->i", W, _pinv_gram(A), W))
+        out = np.kron(out, np.einsum("ij,jk,ik->i", W, gram_pinv(A), W))
     return out
 
 
@@ -128,7 +128,7 @@ def kron_answers(W_factors, A_factors, y) -> np.ndarray:
     for W, A in zip(W_factors, A_factors, strict=True):
         W, A = np.asarray(W, dtype=float), np.asarray(A, dtype=float)
         _check_row_space(W, A)
-        mats.append(W @ _pinv_gram(A) @ A.T)
+        mats.append(W @ gram_pinv(A) @ A.T)
     T = np.asarray(y, dtype=float).reshape(tuple(M.shape[1] for M in mats))
     for axis, M in enumerate(mats):
         T = apply_along(T, M, axis)

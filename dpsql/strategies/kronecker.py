@@ -43,6 +43,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from dpsql.errors import StrategyError
+from dpsql.inference.implicit import gram_pinv
 from dpsql.strategies.gaussian.optimal import solve
 from dpsql.strategies.laplace.candidates import L1EigenDesign
 from dpsql.workload.blocks import KronBlock, UnionWorkload
@@ -78,13 +79,6 @@ class KronStrategy:
         for F in self.factors:
             out = np.kron(out, F)
         return out
-
-
-def gram_pinv(A: np.ndarray) -> np.ndarray:
-    """``(AᵀA)⁺`` by a symmetric eigendecomposition (small factors)."""
-    lam, U = np.linalg.eigh(A.T @ A)
-    keep = lam > 1e-12 * max(float(lam.max(initial=0.0)), 1e-300)
-    return (U[:, keep] / lam[keep]) @ U[:, keep].T
 
 
 def factor_error(V: np.ndarray, A: np.ndarray) -> float:

@@ -15,7 +15,7 @@ from dpsql.interfaces import cli, dbapi, scripts
 from dpsql.interfaces.shell import app as shell_app
 from dpsql.interfaces.shell.executor import Executor, NoTerminal
 from dpsql.interfaces.shell.settings import ShellState
-from dpsql.request import _NUMBER  # the ASCII number grammar: text the DB-API gets as numbers
+from dpsql.noise.accounting import _ASCII_NUMBER as _NUMBER  # the one grammar of typed numbers
 from dpsql.request import (CONNECTION_SETTINGS, INTERFACES, SETTINGS, TARGETS, Request,
                            settings_for)
 from dpsql.sql import script as sql_script
