@@ -2,8 +2,8 @@
 mechanism (Kamalaruban et al., "d_X-private mechanisms for linear queries"; NOTES.md, d_X).
 
 Public inputs only: the workload ``W``, the cell metric of :mod:`dpsql.policy.metric` (its graph or a
-dense distance matrix) and ε per unit distance. See :mod:`dpsql.policy.metric` for the model and for
-why constraints on the graph's edges suffice.
+dense distance matrix) and ε per unit distance. See :mod:`dpsql.policy.record_metric` for the model
+and :mod:`dpsql.policy.metric` for why constraints on the graph's edges suffice.
 """
 
 from __future__ import annotations
@@ -17,8 +17,14 @@ import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
 
 from dpsql.errors import StrategyError
-from dpsql.policy.metric import MAX_PAIRS_CELLS, VERIFY_MARGIN, _FLOAT_SLACK, CellGraph, _down, _positive
+from dpsql.policy.metric import MAX_PAIRS_CELLS, CellGraph, _down
+from dpsql.policy.record_metric import _positive
 from dpsql.workload.matrix import exact_l1_sensitivity
+
+#: verified maximum privacy-loss ratio must be at most 1 − this (covers float rounding)
+VERIFY_MARGIN = 1e-9
+#: relative slack covering the few roundings of a float ratio (exponential mechanism)
+_FLOAT_SLACK = 1e-12
 
 
 # ---------------------------------------------------------------------- d_X Laplace
