@@ -13,38 +13,14 @@ from dpsql.engines import duckdb as data_engine
 from dpsql.errors import EngineError
 
 from tests.privacy.hostile import build_db, command_line
+from tests.sql.statements import statements
 
 
 # =========================================================================== item 7 (files)
 # The statements that touch files, run directly on an analyst connection: DuckDB's own
 # configuration must refuse each of them.
 
-FILE_STATEMENTS = [
-    "SELECT * FROM read_csv('{tmp}/secret.csv')",
-    "SELECT * FROM read_csv_auto('{tmp}/secret.csv')",
-    "SELECT * FROM '{tmp}/secret.csv'",
-    "SELECT * FROM read_text('{tmp}/secret.csv')",
-    "SELECT * FROM read_blob('{tmp}/secret.csv')",
-    "SELECT * FROM read_json('{tmp}/secret.csv')",
-    "SELECT * FROM read_parquet('{tmp}/secret.parquet')",
-    "SELECT * FROM glob('{tmp}/*')",
-    "COPY adult TO '{tmp}/out.csv'",
-    "COPY (SELECT 1) TO '{tmp}/out.parquet' (FORMAT parquet)",
-    "COPY adult FROM '{tmp}/secret.csv'",
-    "ATTACH '{tmp}/other.duckdb' AS other",
-    "ATTACH '{tmp}/new.duckdb' AS new",
-    "EXPORT DATABASE '{tmp}/export'",
-    "IMPORT DATABASE '{tmp}/export'",
-    "INSTALL httpfs",
-    "LOAD httpfs",
-    "CREATE TABLE leak AS SELECT * FROM read_csv('{tmp}/secret.csv')",
-    "SET enable_external_access = true",
-    "RESET enable_external_access",
-    "SET GLOBAL enable_external_access = true",
-    "SET lock_configuration = false",
-    "SET allowed_directories = ['/']",
-    "SET autoload_known_extensions = true",
-]
+FILE_STATEMENTS = statements("adult_reject.sql", "refuse", "duckdb-files")
 
 
 @pytest.fixture(scope="module")

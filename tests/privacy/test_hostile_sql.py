@@ -18,71 +18,20 @@ from dpsql.errors import DpsqlError
 from tests.conftest import snapshot
 from tests.privacy.hostile import (Recorder, shell_submit, state, via_dbapi, via_python, via_script,
                                     via_shell)
+from tests.sql.statements import statements
+from tests.sql.statements import where as statement_at
 
 
 # =========================================================================== item 7
-# The parser's allow-list is covered statement by statement in sql/fixtures/reject.sql
+# The parser's allow-list is covered statement by statement in tests/sql/fixtures/reject.sql
 # (test_sql_fixtures.py), parameters carrying SQL in
 # test_dbapi.py::test_string_parameters_cannot_inject, three file operations on the analyst
 # connection in test_release.py::test_analyst_connections_cannot_touch_files. Added: every
 # attack through every interface, with proof that none of it reached DuckDB, and DuckDB's own
 # refusals for the rest of the file-touching statements.
 
-ATTACKS = [
-    "SELECT COUNT(*) FROM adult; DROP TABLE adult",
-    "SELECT COUNT(*) FROM adult; DELETE FROM adult",
-    "SELECT COUNT(*) FROM adult;\nUPDATE adult SET age = 1",
-    "INSERT INTO adult (age) VALUES (1)",
-    "CREATE TABLE pwned AS SELECT * FROM adult",
-    "CREATE VIEW pwned AS SELECT COUNT(*) FROM adult",
-    "ALTER TABLE adult RENAME TO pwned",
-    "TRUNCATE adult",
-    "COPY adult TO '{tmp}/pwned.csv'",
-    "COPY (SELECT COUNT(*) FROM adult) TO '{tmp}/pwned.csv'",
-    "COPY adult FROM '{tmp}/secret.csv'",
-    "ATTACH '{tmp}/pwned.duckdb' AS pwned",
-    "DETACH pwned",
-    "INSTALL pwned",
-    "LOAD pwned",
-    "PRAGMA table_info('adult')",
-    "CALL pragma_version()",
-    "EXPORT DATABASE '{tmp}/pwned'",
-    "IMPORT DATABASE '{tmp}/pwned'",
-    "SET enable_external_access = true;\nSELECT COUNT(*) FROM adult",
-    "SELECT COUNT(*) FROM adult;\nSET threads = 1",
-    "CHECKPOINT",
-    "VACUUM",
-    "DESCRIBE adult",
-    "SUMMARIZE adult",
-    "SHOW TABLES",
-    "FROM adult",
-    "SELECT COUNT(*) FROM read_csv('{tmp}/secret.csv')",
-    "SELECT COUNT(*) FROM read_parquet('{tmp}/pwned.parquet')",
-    "SELECT COUNT(*) FROM read_text('{tmp}/secret.csv')",
-    "SELECT COUNT(*) FROM glob('{tmp}/*')",
-    "SELECT COUNT(*) FROM '{tmp}/secret.csv'",
-    "SELECT COUNT(*) FROM information_schema.tables",
-    "SELECT COUNT(*) FROM duckdb_tables()",
-    "SELECT COUNT(*) FROM duckdb_settings()",
-    "SELECT COUNT(*) FROM dpsql.ledger",
-    "SELECT COUNT(*) FROM dpsql.policies",
-    "SELECT COUNT(*) FROM dpsql.release_tables",
-    "SELECT COUNT(*) FROM dpsql.strategy_cache",
-    'SELECT COUNT(*) FROM "dpsql"."ledger"',
-    "SELECT COUNT(*) FROM adult, dpsql.ledger",
-    "SELECT COUNT(*) FROM adult WHERE sex IN (SELECT sql_text FROM dpsql.ledger)",
-    "SELECT COUNT(*) FROM adult WHERE age > (SELECT COUNT(*) FROM dpsql.ledger)",
-    "SELECT COUNT(*) FROM adult UNION ALL SELECT COUNT(*) FROM dpsql.ledger",
-    "WITH pwned AS (SELECT * FROM adult) SELECT COUNT(*) FROM pwned",
-    "SELECT COUNT(*) FROM adult /* harmless? */; DROP TABLE adult",
-    "SELECT COUNT(*) FROM adult -- ;\n; DROP TABLE adult",
-    "SELECT COUNT(*) FROM adult WHERE sex = 'Male' /* ' ; DROP TABLE adult; -- */ OR 1 = 1",
-    "SELECT COUNT(*) FROM adult WHERE sex = 'Male'' OR ''1''=''1'",
-    "SELECT COUNT(*) FROM \u0430dult",                         # Cyrillic a
-    "SELECT COUNT(*) FROM adult WHERE sex = 'Male' AND getenv('HOME') IS NOT NULL",
-    "SELECT COUNT(*) FROM dp_r1_q1",
-    "SELECT COUNT(*) FROM pwned()",
-]
+#: every attack, one entry each in tests/sql/fixtures/adult_reject.sql (group `attack`)
+ATTACKS = statements("adult_reject.sql", "refuse", "attack")
 
 
 FORBIDDEN_FRAGMENTS = (
@@ -116,7 +65,7 @@ def test_attacks_are_refused_before_execution_python_and_dbapi(mem, tmp_path, mo
                 "dbapi": via_dbapi(mem, sql)}
     monkeypatch.undo()
     for where, out in outcomes.items():
-        assert out.refused, f"{where} accepted {sql!r}"
+        assert out.refused, f"{where} accepted {sql!r} ({statement_at('adult_reject.sql', attack)})"
         assert "32561" not in out.message and "123-45" not in out.message
     assert outcomes["answer"].message == outcomes["dbapi"].message
     assert rec.data_reads == 0 and _never_sent(rec) == []

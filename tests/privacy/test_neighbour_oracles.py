@@ -8,6 +8,7 @@ import pytest
 
 from tests.conftest import snapshot
 from tests.privacy.hostile import Recorder, memory_conn, via_dbapi, via_python
+from tests.sql.statements import statements
 
 
 # =========================================================================== items 8, 9
@@ -35,49 +36,10 @@ def neighbours():
         conn.close()
 
 
-ORACLES = [   # item 8: predicates that could make DuckDB raise for some data values
-    "SELECT COUNT(*) FROM adult WHERE CAST(sex AS INTEGER) = 1",
-    "SELECT COUNT(*) FROM adult WHERE sex::INTEGER = 1",
-    "SELECT COUNT(*) FROM adult WHERE TRY_CAST(sex AS INTEGER) = 1",
-    "SELECT COUNT(*) FROM adult WHERE age / 0 > 1",
-    "SELECT COUNT(*) FROM adult WHERE 1 / (age - 90) > 0",
-    "SELECT COUNT(*) FROM adult WHERE age % (age - 90) = 1",
-    "SELECT COUNT(*) FROM adult WHERE age = 1 / 0",
-    "SELECT COUNT(*) FROM adult WHERE error('boom') IS NULL",
-    "SELECT COUNT(*) FROM adult WHERE CASE WHEN age = 90 THEN error('x') ELSE TRUE END",
-    "SELECT COUNT(*) FROM adult WHERE age = 90 AND error(sex) IS NULL",
-    "SELECT COUNT(*) FROM adult WHERE regexp_matches(sex, '(')",
-    "SELECT COUNT(*) FROM adult WHERE regexp_matches(sex, race)",
-    "SELECT COUNT(*) FROM adult WHERE sex SIMILAR TO '('",
-    "SELECT COUNT(*) FROM adult WHERE sex ~ '('",
-    "SELECT COUNT(*) FROM adult WHERE sex LIKE '%('",
-    "SELECT COUNT(*) FROM adult WHERE ln(age - 90) > 0",
-    "SELECT COUNT(*) FROM adult WHERE age * 9223372036854775807 > 0",
-    "SELECT COUNT(*) FROM adult WHERE strptime(sex, '%Y') IS NULL",
-    "SELECT COUNT(*) FROM adult WHERE age::UTINYINT > 1",
-    "SELECT COUNT(*) FROM adult WHERE hours_per_week::DECIMAL(2, 0) > 1",
-    "SELECT COUNT(*) FROM adult WHERE age IN (SELECT 1 / 0)",
-    "SELECT COUNT(CAST(sex AS INTEGER)) FROM adult",
-    "SELECT COUNT(*) / 0 FROM adult",
-    "SELECT COUNT(*) FROM adult GROUP BY CAST(sex AS INTEGER)",
-    "SELECT sex, COUNT(*) FROM adult GROUP BY sex HAVING COUNT(*) / (COUNT(*) - 10771) > 0",
-]
-SHAPES_REFUSED = [   # item 9: output shape that would depend on the data
-    "SELECT education, COUNT(*) FROM adult GROUP BY education",
-    "SELECT sex, COUNT(*) FROM adult GROUP BY sex, education",
-    "SELECT COUNT(*) FROM adult GROUP BY education",
-    "SELECT sex, COUNT(*) FROM adult GROUP BY ROLLUP(sex, native_country)",
-    "SELECT DISTINCT sex, COUNT(*) FROM adult GROUP BY sex",
-    "SELECT COUNT(DISTINCT age) FROM adult",
-    "SELECT race, COUNT(*) FROM adult GROUP BY race HAVING COUNT(*) > 100",
-    "SELECT race, COUNT(*) FROM adult GROUP BY race ORDER BY COUNT(*) DESC",
-    "SELECT race, COUNT(*) FROM adult GROUP BY race ORDER BY COUNT(*) DESC LIMIT 1",
-    "SELECT race, COUNT(*) FROM adult GROUP BY race LIMIT 3",
-    "SELECT race, COUNT(*) FROM adult GROUP BY race OFFSET 1",
-    "SELECT race, COUNT(*) FROM adult GROUP BY race QUALIFY COUNT(*) > 1",
-    "SELECT age % 10, COUNT(*) FROM adult GROUP BY age % 10",
-    "SELECT sex, COUNT(*) FROM adult GROUP BY ALL, education",
-]
+#: item 8: predicates that could make DuckDB raise for some data values
+ORACLES = statements("adult_reject.sql", "refuse", "oracle")
+#: item 9: output shape that would depend on the data
+SHAPES_REFUSED = statements("adult_reject.sql", "refuse", "shape")
 
 
 @pytest.mark.parametrize("sql", ORACLES + SHAPES_REFUSED)
@@ -98,14 +60,8 @@ def test_refusal_is_identical_on_neighbouring_tables(neighbours, monkeypatch, sq
     assert [snapshot(s) for s in sessions] == before
 
 
-SHAPES_ACCEPTED = [
-    "SELECT race, sex, COUNT(*) FROM adult WHERE age >= 89 GROUP BY CUBE(race, sex)",
-    "SELECT age, COUNT(*) FROM adult WHERE age >= 84 GROUP BY age",
-    "SELECT income, hours_per_week, COUNT(*) FROM adult GROUP BY ROLLUP(income, hours_per_week);"
-    " SELECT COUNT(*) FROM adult WHERE race = 'Other'",
-    "SELECT sex, COUNT(*) FROM adult WHERE sex <> 'Male' GROUP BY ALL",
-    "SELECT COUNT(*) FROM adult WHERE age > 1e400 OR age < -1e400",
-]
+#: item 9: batches whose released shape must not depend on the data
+SHAPES_ACCEPTED = statements("adult_accept.sql", "accept", "shape")
 
 
 @pytest.mark.parametrize("sql", SHAPES_ACCEPTED)
