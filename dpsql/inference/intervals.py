@@ -44,6 +44,19 @@ def _level(value: object) -> float:
     return level
 
 
+def _magnitudes(C) -> np.ndarray:
+    """``|C|`` as a finite 2-D float array (rows x noise terms), or an internal failure."""
+    try:
+        a = np.abs(np.asarray(C, dtype=float))
+    except (TypeError, ValueError):
+        raise InternalFailure("C must be a 2-D array of real coefficients") from None
+    if a.ndim != 2:
+        raise InternalFailure(f"C must be a 2-D (rows x noise terms) array, got shape {a.shape}")
+    if not np.all(np.isfinite(a)):
+        raise InternalFailure("C must contain only finite coefficients")
+    return a
+
+
 def _round_weights_up(w: np.ndarray, fine_octaves: int) -> np.ndarray:
     """Bin index g of each weight w > 0, with 2^(g / _BINS_PER_OCTAVE) >= w (rounded up).
 
@@ -61,7 +74,29 @@ def _round_weights_up(w: np.ndarray, fine_octaves: int) -> np.ndarray:
 
 
 def _halfwidth_many_terms(a: np.ndarray, level: float) -> np.ndarray:
-    """Half-widths in units of sd(S) = sqrt(2) ||c|| b, for rows with >= 2 nonzeros."""
+    """Half-widths in units of sd(S) = sqrt(2) ||c|| b, for rows with >= 2 nonzeros.
+
+    Steps 1–4 of :func:`laplace_interval_halfwidth`: weights rounded up to their bins, the
+    Chernoff bound (the fallback, and the period of the inversion grid), the characteristic
+    function on that grid, and its certified inversion.
+    """
+    row_of, rounded, weights, counts, wmax = _binned_weights(a)
+    chernoff_h, period = _chernoff_bounds(row_of, rounded, wmax, level)
+    step = 2.0 * math.pi / float(period.max())
+    phi, truncation = _characteristic_function(counts, weights, wmax, step)
+    v = (np.arange(phi.shape[1]) + 0.5) * step
+    weight = (2.0 * step / math.pi) * phi / v[None, :]
+    error = _ALIAS_PROB + truncation + _ROUNDING_PROB
+    return _invert(weight, v, error, chernoff_h, level)
+
+
+def _binned_weights(a: np.ndarray) -> tuple:
+    """Step 1: the normalised weights rounded up to their bins.
+
+    Returns ``(row_of, rounded, weights, counts, wmax)``: the row and rounded weight of each
+    nonzero entry, the weight of each bin used, each row's count of entries per bin, and each
+    row's largest rounded weight.
+    """
     rows = a.shape[0]
     # Normalised weights w = |c| / (sqrt 2 ||c||): S / sd(S) = sum w_i L_i with L_i ~ Laplace(1).
     top = a.max(axis=1)
@@ -83,8 +118,15 @@ def _halfwidth_many_terms(a: np.ndarray, level: float) -> np.ndarray:
     rounded = weights[bin_of]                                       # per nonzero entry
     wmax = np.zeros(rows)
     np.maximum.at(wmax, row_of, rounded)
-    kappa2 = _SMOOTHING * _SMOOTHING
+    return row_of, rounded, weights, counts, wmax
 
+
+def _chernoff_bounds(row_of: np.ndarray, rounded: np.ndarray, wmax: np.ndarray,
+                     level: float) -> tuple:
+    """Per row, the Chernoff bound on the ``level`` quantile of ``|X|`` and the period ``T``
+    of the inversion grid (``T >= 2h`` and ``P(|X| > T - h) <= _ALIAS_PROB``)."""
+    rows = wmax.size
+    kappa2 = _SMOOTHING * _SMOOTHING
     # Chernoff: P(|X| > t) <= 2 exp(Lambda(theta) - theta t), theta < 1 / wmax, where
     # Lambda(theta) = -sum log(1 - w_i^2 theta^2) + kappa^2 theta^2 / 2 (log mgf of X).
     theta = _CHERNOFF_FRACTIONS[None, :] / wmax[:, None]                    # rows x J
@@ -93,12 +135,18 @@ def _halfwidth_many_terms(a: np.ndarray, level: float) -> np.ndarray:
                     for j in range(theta.shape[1])], axis=1) + kappa2 * theta**2 / 2
     chernoff_h = np.min((math.log(2.0 / (1.0 - level)) + lam) / theta, axis=1)
     alias_t = np.min((math.log(2.0 / _ALIAS_PROB) + lam) / theta, axis=1)
-    period = np.maximum(chernoff_h + alias_t, 2.0 * chernoff_h)
-    step = 2.0 * math.pi / float(period.max())
+    return chernoff_h, np.maximum(chernoff_h + alias_t, 2.0 * chernoff_h)
 
+
+def _characteristic_function(counts: np.ndarray, weights: np.ndarray, wmax: np.ndarray,
+                             step: float) -> tuple:
+    """Step 2–3's ``phi`` on the midpoint grid, rows x frequencies, and each row's bound on the
+    truncation error (every row stops as soon as its own bound is met; later frequencies of
+    a stopped row are 0)."""
+    rows = counts.shape[0]
+    kappa2 = _SMOOTHING * _SMOOTHING
     # Characteristic function of X on the midpoint grid v_k = (k + 1/2) step:
     # phi(v) = exp(-kappa^2 v^2 / 2) prod_i 1 / (1 + w_i^2 v^2), grouped by bin (a matmul).
-    # Each row stops as soon as its own truncation bound is met.
     chunks = []
     truncation = np.full(rows, np.inf)
     active = np.arange(rows)
@@ -118,10 +166,14 @@ def _halfwidth_many_terms(a: np.ndarray, level: float) -> np.ndarray:
         truncation[active] = (2.0 / math.pi) * last * np.minimum(
             (1.0 + 1.0 / (wmax[active] * u) ** 2) / 2.0, 1.0 / (kappa2 * u * u))
         active = active[truncation[active] > _TRUNCATION_PROB]
-    phi = np.concatenate(chunks, axis=1)
-    v = (np.arange(phi.shape[1]) + 0.5) * step
-    weight = (2.0 * step / math.pi) * phi / v[None, :]
-    error = _ALIAS_PROB + truncation + _ROUNDING_PROB
+    return np.concatenate(chunks, axis=1), truncation
+
+
+def _invert(weight: np.ndarray, v: np.ndarray, error: np.ndarray, chernoff_h: np.ndarray,
+            level: float) -> np.ndarray:
+    """Step 4: per row, the smallest certified ``h`` (the Chernoff bound where the inversion
+    cannot certify). ``weight``: the midpoint rule's weights ``(2 step / pi) phi(v) / v``."""
+    rows = chernoff_h.size
 
     def lower_coverage(h: np.ndarray, which: np.ndarray) -> np.ndarray:
         # Midpoint rule of Gil-Pelaez: P(|X| <= h) = (2/pi) int_0^inf sin(h v) phi(v) / v dv,
@@ -195,14 +247,7 @@ def laplace_interval_halfwidth(C: np.ndarray, scale: float, level: float = 0.95)
     """
     b = _positive_finite(scale, "scale")
     level = _level(level)
-    try:
-        a = np.abs(np.asarray(C, dtype=float))
-    except (TypeError, ValueError):
-        raise InternalFailure("C must be a 2-D array of real coefficients") from None
-    if a.ndim != 2:
-        raise InternalFailure(f"C must be a 2-D (rows x noise terms) array, got shape {a.shape}")
-    if not np.all(np.isfinite(a)):
-        raise InternalFailure("C must contain only finite coefficients")
+    a = _magnitudes(C)
     result = np.zeros(a.shape[0])
     if a.size == 0:
         return result

@@ -13,7 +13,7 @@ A policy is declared by the data owner, in TOML or as a Python dict of the same 
 An optional ``rows = 32561`` declares the table's row count public (the data owner's
 decision: under add/remove-one-row neighbours the count is otherwise private); MWEM then
 uses it instead of spending budget on estimating it. An optional ``[tables.<t>.metric]``
-section declares a d_X (metric privacy) model with its own budget (:mod:`dpsql.policy.metric`).
+section declares a d_X (metric privacy) model with its own budget (:mod:`dpsql.policy.record_metric`).
 An optional ``zcdp_delta`` is the share of ``delta`` reserved for the zCDP accountant
 (:mod:`dpsql.noise.composition`, docs/accounting.md): basic composition may then charge
 ``delta - zcdp_delta``. It defaults to half of ``delta``; ``0`` means basic composition alone.
@@ -53,7 +53,7 @@ class TablePolicy:
     delta: Fraction
     columns: tuple  # tuple[(name, Domain)], in declaration order
     rows: int | None = None  # the row count, when the owner declares it public (MWEM's n)
-    metric: object = None    # dpsql.policy.metric.MetricModel: the d_X model and its own budget
+    metric: object = None    # dpsql.policy.record_metric.MetricModel: the d_X model and its own budget
     #: share of ``delta`` reserved for the zCDP accountant, fixed when the table is protected
     #: (0: basic composition alone, the value for policies saved before the setting existed)
     zcdp_delta: Fraction = Fraction(0)
@@ -96,7 +96,7 @@ class TablePolicy:
                      for c, spec in raw["columns"].items())
         metric = None
         if raw.get("metric") is not None:
-            from dpsql.policy.metric import MetricModel
+            from dpsql.policy.record_metric import MetricModel
 
             metric = MetricModel.from_dict(raw["metric"], table=raw["table"],
                                            domains=dict(cols))
@@ -174,7 +174,7 @@ def table_policy_from_spec(table: str, spec: Mapping[str, Any]) -> TablePolicy:
                                                                          col_spec))))
     metric = None
     if spec.get("metric") is not None:
-        from dpsql.policy.metric import MetricModel
+        from dpsql.policy.record_metric import MetricModel
 
         metric = MetricModel.from_dict(spec["metric"], table=table, domains=dict(cols))
     return TablePolicy(table.lower(), epsilon, delta, tuple(cols), rows=rows, metric=metric,

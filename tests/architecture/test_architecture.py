@@ -11,7 +11,7 @@ PKG = ROOT / "dpsql"
 #: modules that must stay public-only: no engine, no kernel, no session, no duckdb
 PUBLIC_ONLY = ["dpsql.workload.domain", "dpsql.policy.policy", "dpsql.noise.accounting", "dpsql.inference.least_squares",
                "dpsql.sql.parse", "dpsql.sql.compile", "dpsql.sql.script", "dpsql.strategies",
-               "dpsql.strategies.synthetic", "dpsql.policy.metric", "dpsql.mechanisms.dx.scales", "dpsql.mechanisms.dx.mechanisms",
+               "dpsql.strategies.synthetic", "dpsql.policy.metric", "dpsql.policy.record_metric", "dpsql.mechanisms.dx.scales", "dpsql.mechanisms.dx.mechanisms",
                "dpsql.mechanisms.mwem.core", "dpsql.mechanisms.mwem.groups", "dpsql.mechanisms.mwem.options", "dpsql.mechanisms.mwem.state",
                "dpsql.noise.laplace", "dpsql.inference.intervals"]
 FORBIDDEN = {"dpsql.store.database", "dpsql.kernel", "dpsql.session", "dpsql.store.ledger", "duckdb"}

@@ -30,7 +30,7 @@ that lives in tails of probability ~1e-5, which 1e5 samples cannot resolve); a f
 error in sigma gives about 2.4 +- 0.1, so it is detected essentially always; a 0.7 factor
 gives about 1.7 and is NOT detected. A black-box audit at this size is a smoke alarm for
 gross errors; the calibration (item 12) and the sampler's goodness of fit (item 13) in
-test_adversarial.py catch small ones.
+test_calibration_oracle.py catch small ones.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """SQL fixture files: what the parser/compiler must accept (and compile to), and must reject.
 
-``sql/fixtures/accept.sql`` and ``sql/fixtures/reject.sql`` are plain text, one case per
+``tests/sql/fixtures/accept.sql`` and ``reject.sql`` are plain text, one case per
 ``-- case: <name>`` block; their headers document the format. Add a case by appending a block.
 """
 
@@ -19,7 +19,7 @@ from dpsql.policy.policy import table_policy_from_spec
 from dpsql.sql.compile import compile_workload
 from dpsql.sql.parse import _position, parse_batch
 
-FIXTURES = Path(__file__).resolve().parents[2] / "sql" / "fixtures"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 POLICIES = {
     "t": table_policy_from_spec("t", {

@@ -19,8 +19,8 @@ from dpsql.strategies import REGISTRY
 from dpsql.workload.matrix import WorkloadInfo, make_plan
 from dpsql.strategies.hierarchical import candidates, level_sizes, tree_matrix
 from dpsql.strategies.laplace.candidates import (BASES, L1_AUTO_CANDIDATES, L1_REGISTRY, L1EigenDesign,
-                                 basis_rows, choose_branching_l1, design_basis,
-                                 l1_error_factor, l1_expected_rmse)
+                                 basis_rows, design_basis, l1_error_factor, l1_expected_rmse)
+from dpsql.strategies.laplace.hierarchical import choose_branching_l1
 from dpsql.strategies.laplace.program import (complete_columns_l1, solve_l1_program,
                                          solve_l1_program_cvxpy)
 from dpsql.strategies.laplace.trees import (CoarseColumn, best_chain, chain_matrix, choose_chains,

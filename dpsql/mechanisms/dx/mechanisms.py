@@ -1,7 +1,7 @@
 """d_X-private selection: the exponential mechanism, and the pieces of d_X MWEM and SmallDB.
 
 Kamalaruban et al., "d_X-private mechanisms for linear queries" (NOTES.md, d_X), §3.2. The
-model is :mod:`dpsql.policy.metric`'s: neighbours differ in ONE record moving from cell ``i`` to
+model is :mod:`dpsql.policy.record_metric`'s: neighbours differ in ONE record moving from cell ``i`` to
 cell ``j``, and a mechanism must keep every output's probability within ``exp(ε·d(i, j))``.
 
 **Score sensitivity per pair.** A score ``u(x, r)`` of candidate ``r`` has, for the pair
@@ -53,9 +53,9 @@ import numpy as np
 import scipy.sparse as sp
 
 from dpsql.noise.accounting import validate_epsilon
-from dpsql.mechanisms.dx.scales import _differences, _pairs
+from dpsql.mechanisms.dx.scales import _FLOAT_SLACK, _differences, _pairs
 from dpsql.errors import StrategyError
-from dpsql.policy.metric import _FLOAT_SLACK, CellGraph
+from dpsql.policy.metric import CellGraph
 from dpsql.mechanisms.mwem.core import mwem_error_bound
 
 #: dx_smalldb refuses when there are more candidate databases C(n + m − 1, m) than this

@@ -2,8 +2,8 @@
 mechanism (Kamalaruban et al., "d_X-private mechanisms for linear queries"; NOTES.md, d_X).
 
 Public inputs only: the workload ``W``, the cell metric of :mod:`dpsql.policy.metric` (its graph or a
-dense distance matrix) and ε per unit distance. See :mod:`dpsql.policy.metric` for the model and for
-why constraints on the graph's edges suffice.
+dense distance matrix) and ε per unit distance. See :mod:`dpsql.policy.record_metric` for the model
+and :mod:`dpsql.policy.metric` for why constraints on the graph's edges suffice.
 """
 
 from __future__ import annotations
@@ -17,8 +17,14 @@ import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
 
 from dpsql.errors import StrategyError
-from dpsql.policy.metric import MAX_PAIRS_CELLS, VERIFY_MARGIN, _FLOAT_SLACK, CellGraph, _down, _positive
+from dpsql.policy.metric import MAX_PAIRS_CELLS, CellGraph, _down
+from dpsql.policy.record_metric import _positive
 from dpsql.workload.matrix import exact_l1_sensitivity
+
+#: verified maximum privacy-loss ratio must be at most 1 − this (covers float rounding)
+VERIFY_MARGIN = 1e-9
+#: relative slack covering the few roundings of a float ratio (exponential mechanism)
+_FLOAT_SLACK = 1e-12
 
 
 # ---------------------------------------------------------------------- d_X Laplace
@@ -188,6 +194,26 @@ def dx_laplace_scales(W, graph_or_distances, epsilon_per_unit, method: str = "au
     eps = _down(_positive(epsilon_per_unit, "d_X epsilon per unit"))
     W = sp.csr_matrix(W, dtype=float)
     m, n = W.shape
+    I, J, d, used_method, D = _checked_pairs(n, graph_or_distances, method)
+    A = _differences(W, I, J)
+    check = _verification_set(W, A, d, D)
+    exact = _constant_queries(check[0], allow_exact)
+    active = np.flatnonzero(~exact)
+    started = time.perf_counter()
+    scales, n_rows, used_solver = _solved_scales(A, d, check, active, eps, m, solver)
+    seconds = time.perf_counter() - started
+    ratio = _verified_ratio(A, d, check, scales, active, eps)
+    d_min = float(np.min(check[1])) if len(check[1]) else math.inf   # all pairs if known
+    base = exact_l1_sensitivity(W) / (eps * d_min) if math.isfinite(d_min) else 0.0
+    return DXPlan(scales, exact, eps, used_method, n_rows, len(check[1]), ratio,
+                  float(np.sqrt(np.mean(2 * scales ** 2))) if m else 0.0, base,
+                  math.sqrt(2) * base, d_min, used_solver, seconds)
+
+
+def _checked_pairs(n: int, graph_or_distances, method: str) -> tuple:
+    """The constraint pairs ``(I, J, d, method, D)`` of :func:`_pairs` for ``n`` cells, refused
+    when the metric covers another number of cells, a graph is not connected, or two
+    distinct cells are at distance 0."""
     I, J, d, used_method, graph, D = _pairs(graph_or_distances, method)
     n_cells = graph.n_cells if graph is not None else D.shape[0]
     if n != n_cells:
@@ -200,21 +226,37 @@ def dx_laplace_scales(W, graph_or_distances, epsilon_per_unit, method: str = "au
     if len(d) and not (d > 0).all():
         raise StrategyError("two distinct cells are at distance 0: no finite noise separates "
                             "them")
-    A = _differences(W, I, J)
-    if D is not None and len(I) < n * (n - 1) // 2:
+    return I, J, d, used_method, D
+
+
+def _verification_set(W, A, d: np.ndarray, D) -> tuple:
+    """``(differences, distances)`` of the pairs the scales are verified on: every pair of
+    cells when a dense matrix ``D`` is known and the constraints dropped some, else the
+    constraint pairs themselves."""
+    n = W.shape[1]
+    if D is not None and A.shape[0] < n * (n - 1) // 2:
         VI, VJ = np.triu_indices(n, 1)
-        check = (_differences(W, VI, VJ), D[VI, VJ])
-    else:
-        check = (A, d)
-    # constant on every checked pair: all pairs, or the edges of a connected graph
-    exact = np.asarray(check[0].sum(axis=0)).reshape(-1) == 0
+        return (_differences(W, VI, VJ), D[VI, VJ])
+    return (A, d)
+
+
+def _constant_queries(differences, allow_exact: bool) -> np.ndarray:
+    """The queries constant on every checked pair (all pairs, or the edges of a connected
+    graph), released exactly; refused unless ``allow_exact``."""
+    exact = np.asarray(differences.sum(axis=0)).reshape(-1) == 0
     if exact.any() and not allow_exact:
         raise StrategyError(f"queries {np.flatnonzero(exact)[:10].tolist()} are constant over "
                             "all cells: under d_X they would be released exactly (the table "
                             "size is public); pass allow_exact=True or drop them")
-    active = np.flatnonzero(~exact)
+    return exact
+
+
+def _solved_scales(A, d: np.ndarray, check: tuple, active: np.ndarray, eps: float, m: int,
+                   solver: str | None) -> tuple:
+    """``(scales, constraint rows, solver)``: the program's ``t = 1/b`` for the ``active``
+    queries, scaled so that the largest ratio over ``check`` is ``1 − 2·VERIFY_MARGIN``, and
+    ``b = 1/t`` rounded up (0 for the others)."""
     scales = np.zeros(m)
-    started = time.perf_counter()
     n_rows, used_solver = 0, "none"
     if len(active):
         R = (sp.diags(1.0 / d) @ A[:, active]).tocsr()
@@ -229,18 +271,20 @@ def dx_laplace_scales(W, graph_or_distances, epsilon_per_unit, method: str = "au
         worst = _max_ratio(check[0], inv_b, eps, check[1])
         scales[active] = np.nextafter(1.0 / (eps * s * (1 - 2 * VERIFY_MARGIN) / worst),
                                       np.inf)
-    seconds = time.perf_counter() - started
-    inv_b = np.zeros(m)
+    return scales, n_rows, used_solver
+
+
+def _verified_ratio(A, d: np.ndarray, check: tuple, scales: np.ndarray, active: np.ndarray,
+                    eps: float) -> float:
+    """The largest privacy-loss ratio of the rounded scales over the constraint pairs and the
+    verification set; refused above ``1 − VERIFY_MARGIN``."""
+    inv_b = np.zeros(len(scales))
     inv_b[active] = 1.0 / scales[active]
     ratio = max(_max_ratio(A, inv_b, eps, d), _max_ratio(check[0], inv_b, eps, check[1]))
     if not ratio <= 1 - VERIFY_MARGIN:
         raise StrategyError(f"the d_X scales failed verification (privacy-loss ratio "
                             f"{ratio!r} > 1); nothing is released")
-    d_min = float(np.min(check[1])) if len(check[1]) else math.inf   # all pairs if known
-    base = exact_l1_sensitivity(W) / (eps * d_min) if math.isfinite(d_min) else 0.0
-    return DXPlan(scales, exact, eps, used_method, n_rows, len(check[1]), ratio,
-                  float(np.sqrt(np.mean(2 * scales ** 2))) if m else 0.0, base,
-                  math.sqrt(2) * base, d_min, used_solver, seconds)
+    return ratio
 
 
 # ------------------------------------------------------------ d_X exponential mechanism

@@ -14,11 +14,9 @@ Registry :data:`L1_REGISTRY` (same interface as ``REGISTRY``):
 - ``identity``, ``workload``, ``wavelet``, ``fourier``: the Gaussian strategies' plans,
   unchanged (their plans already carry the exact ``l1_sensitivity``). Wavelet's Haar matrix
   has ``h + 1`` entries ±1 per column, so ``Δ₁ = Π (h_c + 1)`` over the used columns.
-- ``hierarchical``: the b-ary trees of :mod:`.hierarchical`, branching chosen for L1. Every
-  cell lies in one node per level, so a column has ``L`` ones: ``Δ₁ = L`` (``Δ₂ = √L``), and
-  the error to minimise is ``L² tr(V X⁻¹)`` instead of ``L tr(V X⁻¹)``; over several columns
-  (Kronecker product) ``Δ₁ = Π L_c`` (each column of ``⊗ A_c`` is a Kronecker product of
-  columns, whose L1 norm is the product of theirs).
+- ``hierarchical``: the b-ary trees of :mod:`dpsql.strategies.hierarchical`, branching chosen
+  for L1 (:mod:`dpsql.strategies.laplace.hierarchical`): ``Δ₁ = Π L_c``, ``L_c`` the levels
+  of column ``c``.
 - ``eigen``: §3.5's ε-DP variant — weights for a fixed basis under L1 sensitivity (below),
   over several bases, keeping the best.
 
@@ -68,14 +66,15 @@ Bases for ``eigen`` (each gives a designed error ``Δ₁² tr(V (AᵀA)⁺)``; t
   sizes ``1 = s₀ < s₁ < …`` (each a multiple of the last, or the whole column) with level
   weights ``u_l``: every column of the chain's matrix has L1 norm ``Σ u_l``, and
   ``tr(M X⁻¹)`` for ``X = Σ_l u_l² Σ_blocks 1 1ᵀ`` follows bottom-up by Sherman–Morrison, as
-  in :mod:`.hierarchical`, with weights (:func:`weighted_tree_error`; every vector of the
-  recursion is constant on the blocks of ``s₁``, so it needs only ``M``'s block sums:
+  in :mod:`dpsql.strategies.hierarchical`, with weights (:func:`weighted_tree_error`; every
+  vector of the recursion is constant on the blocks of ``s₁``, so it needs only ``M``'s block sums:
   ``O(k²/s₁)`` per evaluation). The level weights make the problem non-convex (the set
   ``Σ u_l <= 1`` in ``v = u²`` is not convex, and optima are sparse: few levels), so the
   search is a greedy heuristic (:func:`best_chain`): every chain ``[1, s]`` (``s`` a power
   ``b^i``, ``b = 2 … 16``, or the whole column) by a bounded scalar search, then one more
   level at a time around the best chains, up to :data:`MAX_CHAIN_LEVELS` levels. Several
-  columns: coordinate descent on the Kronecker error, as in :mod:`.hierarchical`;
+  columns: coordinate descent on the Kronecker error, as in
+  :mod:`dpsql.strategies.hierarchical`;
 - ``identity``: ``Q = I`` has the trivial optimum ``u = 1``, i.e. the identity strategy.
 
 Refinement (``refine`` steps, default 30). A weighted tree contains the leaves, so it is a
@@ -108,10 +107,10 @@ from dpsql.strategies import REGISTRY
 from dpsql.workload.matrix import Plan, WorkloadInfo, make_plan
 from dpsql.strategies.gaussian.eigen import MAX_CELLS, eigen_queries
 from dpsql.strategies.fourier import coefficient_energies, orthonormal_basis
-from dpsql.strategies.hierarchical import candidates, level_sizes, tree_error, tree_gram_inverse, tree_matrix
-from dpsql.strategies.kron import check_size, contract, kron_all
+from dpsql.strategies.kron import check_size, kron_all
+from dpsql.strategies.laplace.hierarchical import L1HierarchicalStrategy
 from dpsql.strategies.laplace.program import complete_columns_l1, solve_l1_program, solve_l1_program_cvxpy
-from dpsql.strategies.laplace.trees import MAX_SWEEPS, chain_matrix, choose_chains, refine_tree
+from dpsql.strategies.laplace.trees import chain_matrix, choose_chains, refine_tree
 from dpsql.strategies.wavelet import haar_matrix
 
 #: basis rows whose workload cost c_i is at or below this fraction of the largest are dropped
@@ -151,67 +150,6 @@ def l1_expected_rmse(plan: Plan, W, epsilon: float) -> float:
         W = W.W
     factors = ls.error_factors(W)
     return math.sqrt(2.0 * b * b * float(np.sum(factors)) / max(1, len(factors)))
-
-
-# --- hierarchical: branching factor chosen for L1 -------------------------------------------
-
-def _best_branching_l1(M: np.ndarray, k: int) -> tuple:
-    """``(L² · tr(M X⁻¹), b)`` of the best uniform tree on one column (ties: the earlier)."""
-    return min(((len(level_sizes(k, b)) ** 2 * tree_error(M, b), i, b)
-                for i, b in enumerate(candidates(k))), key=lambda t: (t[0], t[1]))[::2]
-
-
-def choose_branching_l1(V: np.ndarray, shape: tuple) -> tuple:
-    """Per-column branching factors minimising ``(Π L_c)² · tr(V (AᵀA)⁻¹)`` (L1 sensitivity).
-
-    Same search as :func:`.hierarchical.choose_branching` (exact on one column; coordinate
-    descent from the leaves and from a total on every column otherwise) with the L1 cost
-    ``L²`` per column in place of ``L``. Returns ``(branchings, error)``.
-    """
-    V = np.asarray(V, dtype=float)
-    if len(shape) == 1:
-        error, b = _best_branching_l1(V, shape[0])
-        return (b,), float(error)
-
-    def descend(choice):
-        choice = list(choice)
-        inverse = {c: tree_gram_inverse(k, b) for c, (k, b) in enumerate(zip(shape, choice))}
-        error = math.inf
-        for _ in range(MAX_SWEEPS):
-            changed = False
-            for c, k in enumerate(shape):
-                M = contract(V, shape, {o: inverse[o] for o in range(len(shape)) if o != c})
-                others = math.prod(len(level_sizes(shape[o], choice[o])) ** 2
-                                   for o in range(len(shape)) if o != c)
-                value, b = _best_branching_l1(M, k)
-                error = others * value
-                if b != choice[c]:
-                    choice[c], inverse[c], changed = b, tree_gram_inverse(k, b), True
-            if not changed:
-                break
-        return float(error), tuple(choice)
-
-    starts = ([None] * len(shape), [k if k > 1 else None for k in shape])
-    error, choice = min((descend(s) for s in starts), key=lambda t: t[0])
-    return choice, error
-
-
-class L1HierarchicalStrategy:
-    """Uniform b-ary trees per column, branching chosen for the L1 error (``Δ₁ = Π L_c``)."""
-
-    name = "hierarchical"
-
-    def plan(self, workload: WorkloadInfo) -> Plan:
-        check_size(self.name, workload)
-        shape = workload.shape
-        branching, error = choose_branching_l1(workload.V, shape)
-        A = kron_all([tree_matrix(k, b) for k, b in zip(shape, branching)])
-        levels = tuple(len(level_sizes(k, b)) for k, b in zip(shape, branching))
-        shown = tuple("leaves" if b is None else b for b in branching)
-        notes = (f"branching {shown} per column (levels {levels}), chosen for L1 sensitivity",
-                 f"expected total squared error {error:.6g} (2/epsilon^2) "
-                 f"(L1 sensitivity {math.prod(levels)}, squared, included)")
-        return make_plan(self.name, A, notes)
 
 
 # --- bases for the L1 eigen strategy --------------------------------------------------------

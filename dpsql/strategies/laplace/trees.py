@@ -159,14 +159,7 @@ def best_chain(M: np.ndarray, k: int) -> tuple:
     """
     M = np.ascontiguousarray(M, dtype=float)
     lo, hi = LOG_WEIGHT_RANGE
-    columns: dict = {}
-
-    def cost(sizes, z) -> float:
-        if sizes[1] not in columns:
-            columns[sizes[1]] = CoarseColumn(M, sizes[1])
-        u = np.exp(np.concatenate([[0.0], np.clip(z, lo, hi)]))
-        return float(u.sum() ** 2 * _coarse_error(columns[sizes[1]], sizes, u * u))
-
+    cost = _chain_cost(M, lo, hi)
     found = [(float(np.trace(M)), (1,), np.zeros(0))]
     frontier = []
     for s in chain_sizes(k):
@@ -176,36 +169,71 @@ def best_chain(M: np.ndarray, k: int) -> tuple:
     found += frontier
     for _ in range(2, MAX_CHAIN_LEVELS):
         frontier = sorted(frontier, key=lambda t: (t[0], t[1]))[:EXTEND_BEST]
-        extended: dict = {}
-        for value, sizes, z in frontier:
-            for s in chain_sizes(k):
-                new = tuple(sorted(set(sizes) | {s}))
-                if s in sizes or new in extended or not _nested(k, new):
-                    continue
-                i = new.index(s) - 1                    # the new level's place in z
-                starts = [np.insert(z, i, t) for t in np.arange(lo, hi + 0.5, GRID_STEP)]
-                for j in (i - 1, i):                    # old neighbours (indices in z)
-                    if 0 <= j < len(z):
-                        for f in (0.2, 0.4, 0.6, 0.8):
-                            y = np.insert(z, i, z[j] + math.log(f))
-                            y[j if j < i else j + 1] = z[j] + math.log(1 - f)
-                            starts.append(y)
-                costs = [cost(new, y) for y in starts]
-                at = int(np.argmin(costs))
-                extended[new] = (float(costs[at]), new, starts[at])
-        for start, new, y in sorted(extended.values(), key=lambda t: (t[0], t[1]))[:POLISH_BEST]:
-            simplex = np.vstack([y, y + 0.5 * np.eye(len(y))])
-            res = so.minimize(lambda x: cost(new, x), y, method="Nelder-Mead",
-                              options={"initial_simplex": simplex, "xatol": 1e-3,
-                                       "fatol": 1e-9 * start, "maxfev": 60 * len(y)})
-            if res.fun < start:
-                extended[new] = (float(res.fun), new, np.clip(res.x, lo, hi))
+        extended = _extend(frontier, k, cost, lo, hi)
+        _polish(extended, cost, lo, hi)
         frontier = list(extended.values())
         found += frontier
         if not frontier:
             break
     error, sizes, z = min(found, key=lambda t: (t[0], len(t[1])))
     return error, sizes, np.concatenate([[1.0], np.exp(z)])
+
+
+def _chain_cost(M: np.ndarray, lo: float, hi: float):
+    """``cost(sizes, z) = (Σu)² tr(M X⁻¹)`` of the chain ``sizes`` with log-weights ``z``
+    (clipped to ``[lo, hi]``, ``u_0 = 1``); one :class:`CoarseColumn` per first block size,
+    built on first use and shared by every chain that starts with it."""
+    columns: dict = {}
+
+    def cost(sizes, z) -> float:
+        if sizes[1] not in columns:
+            columns[sizes[1]] = CoarseColumn(M, sizes[1])
+        u = np.exp(np.concatenate([[0.0], np.clip(z, lo, hi)]))
+        return float(u.sum() ** 2 * _coarse_error(columns[sizes[1]], sizes, u * u))
+
+    return cost
+
+
+def _starts(z: np.ndarray, i: int, lo: float, hi: float) -> list:
+    """Starting log-weights for a chain given a new level at place ``i`` of ``z``: the new
+    level's log-weight on a grid (the cost is not unimodal in it), and a neighbouring level's
+    weight split between the two (the valleys run diagonally)."""
+    starts = [np.insert(z, i, t) for t in np.arange(lo, hi + 0.5, GRID_STEP)]
+    for j in (i - 1, i):                    # old neighbours (indices in z)
+        if 0 <= j < len(z):
+            for f in (0.2, 0.4, 0.6, 0.8):
+                y = np.insert(z, i, z[j] + math.log(f))
+                y[j if j < i else j + 1] = z[j] + math.log(1 - f)
+                starts.append(y)
+    return starts
+
+
+def _extend(frontier: list, k: int, cost, lo: float, hi: float) -> dict:
+    """Every nested one-level extension of the chains in ``frontier``, each at its best
+    start (:func:`_starts`): ``{sizes: (cost, sizes, z)}``."""
+    extended: dict = {}
+    for _, sizes, z in frontier:
+        for s in chain_sizes(k):
+            new = tuple(sorted(set(sizes) | {s}))
+            if s in sizes or new in extended or not _nested(k, new):
+                continue
+            starts = _starts(z, new.index(s) - 1, lo, hi)     # the new level's place in z
+            costs = [cost(new, y) for y in starts]
+            at = int(np.argmin(costs))
+            extended[new] = (float(costs[at]), new, starts[at])
+    return extended
+
+
+def _polish(extended: dict, cost, lo: float, hi: float) -> None:
+    """Refine the :data:`POLISH_BEST` best of ``extended`` by Nelder–Mead on all their
+    log-weights, in place (an entry is replaced only when the refinement is better)."""
+    for start, new, y in sorted(extended.values(), key=lambda t: (t[0], t[1]))[:POLISH_BEST]:
+        simplex = np.vstack([y, y + 0.5 * np.eye(len(y))])
+        res = so.minimize(lambda x: cost(new, x), y, method="Nelder-Mead",
+                          options={"initial_simplex": simplex, "xatol": 1e-3,
+                                   "fatol": 1e-9 * start, "maxfev": 60 * len(y)})
+        if res.fun < start:
+            extended[new] = (float(res.fun), new, np.clip(res.x, lo, hi))
 
 
 def choose_chains(V: np.ndarray, shape: tuple) -> tuple:
