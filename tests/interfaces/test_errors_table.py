@@ -162,7 +162,11 @@ NOT_REACHABLE_BY_SUBPROCESS = {"LockTimeoutError", "InternalFailure",   # in-pro
                                "BatchTooLarge",
                                # implicit workloads are not wired into requests yet (issue 16):
                                # tests/strategies/test_blocks.py raises it
-                               "DomainTooLarge"}
+                               "DomainTooLarge",
+                               # the PostgreSQL-wire server's refusals (SQLSTATE, not exit
+                               # status): tests/interfaces/test_server*.py raise them
+                               "AccessDenied", "AuthenticationFailed", "TooManyConnections",
+                               "RequestCancelled"}
 
 
 def test_cli_cases_cover_every_class():
