@@ -104,6 +104,11 @@ class AnalystConnection:
                                  else "")
         if k == "noop":
             return Result(st.first_word(text))
+        if k == "unsupported":
+            raise dp.UnsupportedQueryError(
+                f"{st.first_word(text) or 'this statement'} is not supported by the dpsql "
+                "server: it answers SELECT COUNT batches (releases), EXPLAIN, SET/SHOW "
+                "dpsql.*, reads of your result tables and the catalog")
         if k == "denied":
             raise dp.AccessDenied(
                 f"relation {st.denied_name(text, self.views.visible())!r} does not exist or "

@@ -49,7 +49,13 @@ _MACROS = (
     ("pg_postmaster_start_time()", "TIMESTAMP '2026-01-01'"),
     ("has_table_privilege(a, b, c := '')", "true"),
     ("to_regclass(x)", "NULL::VARCHAR"),
+    ("to_regtype(x)", "(SELECT min(oid) FROM pg_catalog.pg_type WHERE typname = x)"),
     ("array_upper(a, d)", "len(a)"),
+    ("format_type(t, m)", "CASE t WHEN 20 THEN 'bigint' WHEN 23 THEN 'integer' WHEN 21 THEN "
+     "'smallint' WHEN 701 THEN 'double precision' WHEN 700 THEN 'real' WHEN 25 THEN 'text' "
+     "WHEN 1043 THEN 'character varying' WHEN 16 THEN 'boolean' WHEN 1082 THEN 'date' "
+     "WHEN 1114 THEN 'timestamp without time zone' WHEN 1700 THEN 'numeric' "
+     "ELSE pg_catalog.format_type(t, m) END"),
     ("array_lower(a, d)", "1"),
     ("pg_get_statisticsobjdef(x)", "NULL::VARCHAR"),
     ("pg_get_ruledef(a, b := false)", "NULL::VARCHAR"),
@@ -63,6 +69,11 @@ _REWRITES = (
     (re.compile(r"::\s*pg_catalog\s*\.\s*", re.I), "::"),
     (re.compile(r"::\s*\"?(regclass|regtype|regproc|regprocedure|regnamespace|regrole|"
                 r"regoper|regconfig|name|\"char\"|char)\"?(?![\w(])", re.I), "::VARCHAR"),
+    (re.compile(r"\bAS\s+\"?(regclass|regtype|regproc|regnamespace|regrole|name)\"?\s*\)",
+                re.I), "AS VARCHAR)"),
+    (re.compile(r"\bAS\s+OID\s*\)", re.I), "AS BIGINT)"),
+    (re.compile(r"::\s*oid\b", re.I), "::BIGINT"),
+    (re.compile(r"\bjson_build_object\s*\(", re.I), "json_object("),
     (re.compile(r"\bversion\s*\(\s*\)", re.I), f"'PostgreSQL {SERVER_VERSION}'"),
 )
 

@@ -22,7 +22,9 @@ _BEGIN_WORKLOAD = re.compile(r"^\s*BEGIN\s+WORKLOAD\s*;?\s*$", re.I)
 _SET = re.compile(r"^\s*SET\s+(?:SESSION\s+|LOCAL\s+)?([A-Za-z_][\w.]*)\s*(?:=|\bTO\b)\s*(.*?)"
                   r"\s*;?\s*$", re.I | re.S)
 _SHOW = re.compile(r"^\s*SHOW\s+(.+?)\s*;?\s*$", re.I | re.S)
-_NOOP = ("DISCARD", "DEALLOCATE", "CLOSE", "LISTEN", "UNLISTEN", "RESET", "CHECKPOINT")
+_NOOP = ("DISCARD", "DEALLOCATE", "CLOSE", "LISTEN", "UNLISTEN", "RESET", "CHECKPOINT",
+         "SAVEPOINT", "RELEASE")
+_ROLLBACK_TO = re.compile(r"^\s*ROLLBACK\s+(WORK\s+|TRANSACTION\s+)?TO\b", re.I)
 PUBLIC_SCHEMAS = ("pg_catalog", "information_schema")
 
 
@@ -93,6 +95,8 @@ def kind(sql: str, protected: set, visible: set) -> str:
         return "begin"
     if word in ("COMMIT", "END"):
         return "commit"
+    if _ROLLBACK_TO.match(sql):
+        return "noop"
     if word in ("ROLLBACK", "ABORT"):
         return "rollback"
     if word == "SET":
@@ -114,7 +118,7 @@ def _reads(sql: str, protected: set, visible: set) -> str:
     if names & protected:
         return "release"
     if first_word(sql) not in ("SELECT", "WITH", "TABLE", "VALUES"):
-        return "release" if first_word(sql) == "CREATE" else "denied"
+        return "release" if first_word(sql) == "CREATE" else "unsupported"
     for schema, name in tables:
         if schema in PUBLIC_SCHEMAS or (schema in ("", "main", "public") and name in visible):
             continue
