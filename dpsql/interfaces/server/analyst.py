@@ -38,7 +38,7 @@ class AnalystConnection:
             self.settings["reuse"] = False     # reuse would pool other analysts' releases
         self.workload: list[str] | None = None
         self.in_transaction = False
-        self.cancelled = False
+        self.cancelled = self.running = False
         self._dbapi = dbapi.connect(server.db_path, delta=0, epsilon=1, create=False,
                                     lock_timeout=server.lock_timeout)
         self.views = PublicViews(server, account, Shadow(), self._dbapi.session)
@@ -109,8 +109,8 @@ class AnalystConnection:
                 f"{st.first_word(text) or 'this statement'} is not supported by the dpsql "
                 "server: it answers SELECT COUNT batches (releases), EXPLAIN, SET/SHOW "
                 "dpsql.*, reads of your result tables and the catalog")
-        if k == "denied":
-            raise dp.AccessDenied(
+        if k == "denied":        # never says whether it exists (another analyst's results)
+            raise dp.UnknownTableError(
                 f"relation {st.denied_name(text, self.views.visible())!r} does not exist or "
                 "is not yours: you can read protected tables only through a release, and "
                 "your own result tables, dpsql_budget and the catalog")
@@ -198,16 +198,22 @@ class AnalystConnection:
         return [outcome]
 
     def _charged(self, sql: str) -> list:
-        if self.cancelled:
-            self.cancelled = False
-            raise dp.RequestCancelled("the request was cancelled before it started; nothing "
-                                      "was charged")
+        self.cancelled, self.running = False, True
+        try:
+            return self._spend(sql)
+        finally:
+            self.running = self.cancelled = False
+
+    def _spend(self, sql: str) -> list:
         conn = self._configured()
         table, eps, dlt = self._cost(conn, sql)
         journal = self.server.journal
         rid = journal.reserve(self.account, table, eps, dlt)
         cur = conn.cursor()
         try:
+            if self.cancelled:
+                raise dp.RequestCancelled("the request was cancelled before the charge; "
+                                          "nothing was charged or released")
             with self.server.watch(self):
                 cur.execute(sql)
             release = cur.release
@@ -228,7 +234,10 @@ class AnalystConnection:
         return outcomes
 
     def cancel(self) -> None:
-        """CancelRequest or a disconnect: stop the request if it has not been charged."""
+        """CancelRequest or a disconnect: stop the running request if it has not been
+        charged (a cancel with no request running does nothing, as in PostgreSQL)."""
+        if not self.running:
+            return
         self.cancelled = True
         stop = getattr(self._dbapi, "cancel", None)   # DB-API Connection.cancel(), if present
         if callable(stop):

@@ -17,6 +17,7 @@ import datetime
 import json
 import os
 import select
+import signal
 import socket
 import socketserver
 import ssl
@@ -139,10 +140,14 @@ def _watch(sock, done: threading.Event, analyst) -> None:
 
 def serve(db_path: str, users_path: str, **options) -> None:
     """Run the server until interrupted."""
+    def stop(*_):
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stop)        # systemd's stop: finish like Ctrl-C
     with Server(db_path, users_path, **options) as server:
         print(f"dpsql serving {db_path} on {server.address} (users: {users_path}; at most "
               f"{server.max_connections} connections)", flush=True)
         try:
             server.serve_forever(poll_interval=0.2)
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, SystemExit):
             pass
