@@ -130,6 +130,8 @@ class AnalystConnection:
     # ---------------------------------------------------------------- settings
     def _set_statement(self, text: str):
         target = st.set_target(text)
+        if target is None and "dpsql." not in text.lower():
+            return Result("SET")    # SET TIME ZONE ..., SET SESSION CHARACTERISTICS ...
         if target is None:
             raise dp.ParseError("SET needs a name and a value: SET dpsql.epsilon = 0.1")
         name, value = target

@@ -78,9 +78,18 @@ _REWRITES = (
 )
 
 
+_ANY_LITERAL = re.compile(r"=\s*ANY\s*\(\s*'\{([^}']*)\}'(?:\s*::\s*[\w\[\]\"]+)?\s*\)", re.I)
+
+
+def _in_list(m) -> str:
+    items = [i.strip().strip('"') for i in m.group(1).split(",") if i.strip()]
+    return "IN (" + ", ".join("'" + i.replace("'", "''") + "'" for i in items) + ")" \
+        if items else "IN (NULL)"
+
+
 def rewrite(sql: str) -> str:
     """The PostgreSQL spellings of catalog queries that DuckDB does not read."""
-    sql = pgcompat.rewrite(sql)
+    sql = _ANY_LITERAL.sub(_in_list, pgcompat.rewrite(sql))
     for pattern, repl in _REWRITES:
         sql = pattern.sub(repl, sql)
     return sql
