@@ -32,6 +32,9 @@ POSTGRES_CODES = {
     "55000": "object_not_in_prerequisite_state", "55P03": "lock_not_available",
     "53400": "configuration_limit_exceeded", "54000": "program_limit_exceeded",
     "XX000": "internal_error",
+    # the PostgreSQL-wire server's refusals (docs/server.md)
+    "42501": "insufficient_privilege", "28P01": "invalid_password",
+    "53300": "too_many_connections", "57014": "query_canceled",
 }
 SYSEXITS = {64, 65, 66, 69, 70, 75, 77}
 
