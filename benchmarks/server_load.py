@@ -1,0 +1,161 @@
+"""Benchmark: ``dpsql serve`` under load (issue 17), loopback only.
+
+    python benchmarks/server_load.py [--clients 32] [--batches 20]
+
+Run 1 (budget sized so no batch is refused): ``--clients`` psycopg clients, one analyst
+each, send ``--batches`` batches each at the same time (the same two-statement batch, so
+the strategy is cached after the first); then the same batches from as many in-process
+threads, each with its own DB-API connection, on a fresh copy of the database. Printed:
+p50/p95 latency of both, their ratio (target p95 ≤ 1.5x), and the ledger check: one
+ledger row per batch, no release id twice, every release attributed to its analyst once.
+
+Run 2 (a budget that runs out): the same load against a table budget of 100 batches;
+printed: releases, refusals (all must be SQLSTATE 53400), and the overspend check:
+the exact sum of the ledger's charges ≤ the table's epsilon. Always exits 0 unless a
+check fails (then 1): a benchmark, with its invariants checked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from fractions import Fraction
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import psycopg  # noqa: E402
+
+from tests.interfaces.server_support import ServerProcess, make_database  # noqa: E402
+
+BATCH = ("SELECT sex, count(*) FROM adult GROUP BY sex; "
+         "SELECT count(*) FROM adult WHERE age > 40")
+EPSILON = Fraction(1, 1000)
+
+
+def _quantiles(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2], xs[min(len(xs) - 1, int(0.95 * len(xs)))]
+
+
+def _run_threads(n, work):
+    results, threads = [None] * n, []
+    start = threading.Barrier(n)
+    for i in range(n):
+        def body(i=i):
+            start.wait()
+            results[i] = work(i)
+        threads.append(threading.Thread(target=body))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def over_the_wire(server, clients, batches):
+    def client(i):
+        user = f"a{i:02d}"
+        out = []
+        with psycopg.connect(server.dsn(user, password=user + "-pw", epsilon=str(EPSILON),
+                                        delta="0"), autocommit=True) as conn:
+            for _ in range(batches):
+                t0 = time.perf_counter()
+                try:
+                    conn.execute(BATCH).fetchall()
+                    out.append(("ok", time.perf_counter() - t0))
+                except psycopg.Error as exc:
+                    out.append((exc.sqlstate, time.perf_counter() - t0))
+        return out
+    return [r for rs in _run_threads(clients, client) for r in rs]
+
+
+def in_process(db_path, clients, batches):
+    from dpsql.interfaces import dbapi
+
+    def worker(i):
+        out = []
+        with dbapi.connect(db_path, epsilon=float(EPSILON), delta=0, reuse=False) as conn:
+            cur = conn.cursor()
+            for _ in range(batches):
+                t0 = time.perf_counter()
+                cur.execute(BATCH)
+                out.append(("ok", time.perf_counter() - t0))
+        return out
+    return [r for rs in _run_threads(clients, worker) for r in rs]
+
+
+def ledger_check(db_path, expected):
+    import dpsql
+
+    with dpsql.connect(db_path) as db:
+        rows = db.ledger()
+        policy = db.policies()["adult"]
+    ids = [r["release_id"] for r in rows]
+    spent = sum((Fraction(repr(r["epsilon"])) for r in rows), Fraction(0))
+    journal = [json.loads(line) for line in open(db_path + ".analysts.jsonl")]
+    settled = [r["release_id"] for r in journal if r["op"] == "settle" and r["release_id"]]
+    ok = (len(ids) == len(set(ids)) and sorted(settled) == sorted(ids)
+          and (expected is None or len(ids) == expected) and spent <= policy.epsilon)
+    print(f"  ledger: {len(ids)} releases (expected {expected if expected else 'any'}), "
+          f"distinct ids {len(set(ids))}, attributed {len(settled)}, spent {spent} "
+          f"<= budget {policy.epsilon}: {'OK' if ok else 'FAILED'}")
+    return ok
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--clients", type=int, default=32)
+    p.add_argument("--batches", type=int, default=20)
+    a = p.parse_args(argv)
+    n = a.clients * a.batches
+    allow = {f"a{i:02d}": (str(EPSILON * a.batches), "0") for i in range(a.clients)}
+    ok = True
+    with tempfile.TemporaryDirectory() as tmp:
+        run1 = Path(tmp) / "run1"
+        run1.mkdir()
+        db, users = make_database(run1, epsilon=float(EPSILON * (n + 1)), allowances=allow)
+        server = ServerProcess(db, users, "--max-connections", str(a.clients + 4))
+        try:
+            wire = over_the_wire(server, a.clients, a.batches)
+        finally:
+            server.stop()
+        refused = [s for s, _ in wire if s != "ok"]
+        w50, w95 = _quantiles([t for _, t in wire])
+        print(f"run 1: {a.clients} clients x {a.batches} batches over the wire: "
+              f"p50 {w50 * 1e3:.1f} ms, p95 {w95 * 1e3:.1f} ms, refused {len(refused)}")
+        ok &= ledger_check(db, n) and not refused
+        local = Path(tmp) / "local"
+        local.mkdir()
+        db2, _ = make_database(local, epsilon=float(EPSILON * (n + 1)), allowances=allow)
+        inproc = in_process(db2, a.clients, a.batches)
+        l50, l95 = _quantiles([t for _, t in inproc])
+        print(f"       {a.clients} in-process workers, same batches: p50 {l50 * 1e3:.1f} ms, "
+              f"p95 {l95 * 1e3:.1f} ms; wire/in-process p95 = {w95 / l95:.2f} (target <= 1.5)")
+        run2 = Path(tmp) / "run2"
+        run2.mkdir()
+        big = {u: ("1", "0") for u in allow}
+        db3, users3 = make_database(run2, epsilon=float(EPSILON * 100), allowances=big)
+        server = ServerProcess(db3, users3, "--max-connections", str(a.clients + 4))
+        try:
+            wire = over_the_wire(server, a.clients, a.batches)
+        finally:
+            server.stop()
+        states = statistics.multimode([s for s, _ in wire if s != "ok"]) if n > 100 else []
+        released = sum(1 for s, _ in wire if s == "ok")
+        bad = [s for s, _ in wire if s not in ("ok", "53400")]
+        print(f"run 2: budget of 100 batches: released {released}, refused "
+              f"{n - released} (SQLSTATEs {sorted(set(states))}, other {len(bad)})")
+        ok &= ledger_check(db3, None) and not bad and released == min(n, 100)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
