@@ -222,3 +222,40 @@ def test_tls_with_a_given_certificate_and_require_tls(tmp_path):
             psycopg.connect(s.dsn("alice") + " sslmode=disable")
     finally:
         s.stop()
+
+
+def test_cancel_requests_never_lose_a_charged_release(server):
+    with connect(server, "alice") as conn:
+        conn.cancel()                                   # nothing running: no effect
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+        conn.pgconn.send_query(b"CREATE TABLE cancelled_maybe AS SELECT count(*) FROM adult "
+                               b"WHERE age > 25")
+        conn.cancel()
+        while (result := conn.pgconn.get_result()) is not None:
+            state = result.error_field(psycopg.pq.DiagnosticField.SQLSTATE)
+            assert state in (None, b"57014")
+        names = {r[0] for r in conn.execute(
+            "SELECT table_name FROM information_schema.tables").fetchall()}
+        with connect(server, "owner") as owner:
+            charged = owner.execute("SELECT count(*) FROM dpsql_ledger WHERE result_tables = "
+                                    "'cancelled_maybe'").fetchone()[0]
+        assert charged == (1 if "cancelled_maybe" in names else 0)   # charged <=> written
+
+
+def test_user_command_and_serve_refusals(tmp_path):
+    import sys
+
+    users = tmp_path / "u.toml"
+    run = [sys.executable, "-m", "dpsql", "user"]
+    p = subprocess.run(run + ["add", str(users), "dana", "--allow", "adult=0.1,0"],
+                       input="s3cret\n", capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    text = users.read_text()
+    assert "s3cret" not in text and "SCRAM-SHA-256$4096:" in text
+    assert oct(users.stat().st_mode & 0o777) == "0o600"
+    p = subprocess.run(run + ["add", str(users), "dana"], input="x\n", capture_output=True,
+                       text=True)
+    assert p.returncode == 65 and p.stderr.count("\n") == 1 and "already exists" in p.stderr
+    p = subprocess.run([sys.executable, "-m", "dpsql", "serve", str(tmp_path / "none.duckdb"),
+                        "--users", str(users)], capture_output=True, text=True)
+    assert p.returncode == 66 and "does not exist" in p.stderr and "Traceback" not in p.stderr

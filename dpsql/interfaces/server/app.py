@@ -23,7 +23,7 @@ import socketserver
 import ssl
 import threading
 
-from dpsql.errors import InputFileError
+from dpsql.errors import InputFileError, UsageError
 from dpsql.interfaces.server.accounts import Journal, load_users
 from dpsql.interfaces.server.connection import Handler
 from dpsql.interfaces.server.results import Failure
@@ -60,7 +60,11 @@ class Server(socketserver.ThreadingTCPServer):
         if certificate:
             self.ssl_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             self.ssl_context.load_cert_chain(certificate, key)
-        super().__init__((host, port), Handler)
+        try:
+            super().__init__((host, port), Handler)
+        except OSError as exc:
+            raise UsageError(f"cannot listen on {host}:{port} ({exc.strerror or exc}); "
+                             "choose another --host or --port") from None
 
     @property
     def address(self) -> str:
