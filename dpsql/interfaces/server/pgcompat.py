@@ -96,7 +96,8 @@ def install(con) -> None:
     for view, extra in EXTRA_COLUMNS.items():
         where = hidden if view == "pg_class" else \
             "WHERE nspname <> 'pgc'" if view == "pg_namespace" else ""
-        con.execute(f"CREATE OR REPLACE VIEW pgc.{view} AS SELECT *{', ' if extra else ''}"
+        star = "* REPLACE (NULL::VARCHAR[] AS reloptions)" if view == "pg_class" else "*"
+        con.execute(f"CREATE OR REPLACE VIEW pgc.{view} AS SELECT {star}{', ' if extra else ''}"
                     f"{extra} FROM pg_catalog.{view} {where}")
     for table, columns in MISSING.items():
         con.execute(f"CREATE OR REPLACE TABLE pgc.{table} ({columns})")
