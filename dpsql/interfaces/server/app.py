@@ -142,13 +142,27 @@ def _watch(sock, done: threading.Event, analyst) -> None:
             return
 
 
+@contextlib.contextmanager
+def _marker(server):
+    """``DB.dpsql-server`` (address and process id) while the server runs: where other
+    tools can learn that the file is served and by whom (docs/server.md)."""
+    path = server.db_path + ".dpsql-server"
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({"address": server.address, "pid": os.getpid()}, f)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(path)
+
+
 def serve(db_path: str, users_path: str, **options) -> None:
     """Run the server until interrupted."""
     def stop(*_):
         raise SystemExit(0)
 
     signal.signal(signal.SIGTERM, stop)        # systemd's stop: finish like Ctrl-C
-    with Server(db_path, users_path, **options) as server:
+    with Server(db_path, users_path, **options) as server, _marker(server):
         print(f"dpsql serving {db_path} on {server.address} (users: {users_path}; at most "
               f"{server.max_connections} connections)", flush=True)
         try:

@@ -99,7 +99,9 @@ class Shadow:
     """One connection's public catalog (a private in-memory DuckDB)."""
 
     def __init__(self):
-        self.con = duckdb.connect(":memory:", config=dict(ANALYST_CONFIG))
+        # bounded: a catalog query cannot take the server's memory or every core
+        self.con = duckdb.connect(":memory:", config=dict(ANALYST_CONFIG, threads=1,
+                                                          memory_limit="256MB"))
         self.lock = threading.Lock()
         self.tables: set[str] = set()
         pgcompat.install(self.con)
