@@ -259,3 +259,15 @@ def test_user_command_and_serve_refusals(tmp_path):
     p = subprocess.run([sys.executable, "-m", "dpsql", "serve", str(tmp_path / "none.duckdb"),
                         "--users", str(users)], capture_output=True, text=True)
     assert p.returncode == 66 and "does not exist" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_a_bound_parameter_never_becomes_sql(server):
+    with connect(server, "bob") as bob:
+        for value in ("Male'; SELECT * FROM adult; --", "x' OR '1'='1", "$1", "\\'; --"):
+            try:
+                rows = bob.execute("SELECT count(*) FROM adult WHERE sex = %s",
+                                   (value,)).fetchall()
+            except psycopg.Error as exc:
+                assert exc.sqlstate in ("0A000", "42601", "22023", "42P17"), exc
+                continue
+            assert len(rows) == 1 and len(rows[0]) == 4      # one noisy count, its error
