@@ -73,6 +73,9 @@ def test_one_analyst_cannot_read_or_spend_what_belongs_to_another(server):
     with connect(server, "owner") as owner:
         ledger = owner.execute("SELECT analyst, result_tables FROM dpsql_ledger").fetchall()
         assert ("alice", "alice_private") in ledger
+        refusals = owner.execute("SELECT sqlstate FROM dpsql_audit WHERE analyst = 'bob' "
+                                 "AND outcome = 'refused'").fetchall()
+        assert ("42P01",) in refusals and ("42501",) in refusals
 
 
 def test_allowances_cap_each_analyst_and_the_table_caps_the_sum(tmp_path):

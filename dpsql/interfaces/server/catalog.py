@@ -8,6 +8,8 @@ answers settings, the budget and the few driver parameters PostgreSQL clients as
 
 from __future__ import annotations
 
+import json
+import os
 from fractions import Fraction
 
 import duckdb
@@ -103,12 +105,27 @@ class PublicViews:
             self.shadow.table("dpsql_ledger", cols, rows,
                               ["BIGINT", "VARCHAR", "VARCHAR", "DOUBLE", "DOUBLE"]
                               + ["VARCHAR"] * 5)
+            self._audit()
+
+    def _audit(self) -> None:
+        """The data owner's view of the audit trail (every statement, who, the outcome)."""
+        cols = ["at", "analyst", "kind", "sql_text", "outcome", "sqlstate", "message"]
+        rows = []
+        if os.path.exists(self.server.audit_path):
+            with open(self.server.audit_path, encoding="utf-8") as f:
+                for line in f:
+                    r = json.loads(line)
+                    rows.append([r["at"], r["user"], r["kind"], r["sql"], r["outcome"],
+                                 r.get("sqlstate"), r.get("message")])
+        self.shadow.table("dpsql_audit", cols, rows, ["VARCHAR"] * len(cols))
 
     # ---------------------------------------------------------------- queries
     def query(self, sql: str) -> Result:
         low = sql.lower()
         if "dpsql_budget" in low or "dpsql_ledger" in low:
             self.refresh_budget()
+        if "dpsql_audit" in low and self.account.admin:
+            self._audit()
         try:
             columns, rows = self.shadow.run(sql)
         except duckdb.Error as exc:
