@@ -164,3 +164,20 @@ def test_sqlalchemy_and_pandas_read_without_warnings(server):
                                "income": "VARCHAR", "hours_per_week": "DOUBLE PRECISION"}
     finally:
         engine.dispose()
+
+
+def test_every_wire_setting_is_parsed_by_the_one_declaration(server):
+    from dpsql.interfaces.server.analyst import WIRE_SETTINGS
+
+    bad = {"number": "abc", "share": "abc", "flag": "maybe", "text": "no-such-thing(1"}
+    with psycopg.connect(server.dsn("alice"), autocommit=True) as conn:
+        for name, setting in WIRE_SETTINGS.items():
+            with pytest.raises(psycopg.Error) as info:
+                conn.execute(f"SET dpsql.{name} = '{bad[setting.kind]}'")
+            assert info.value.sqlstate == "22023", (name, str(info.value))
+            assert f"dpsql.{name}" in str(info.value) or name == "strategy"
+        with pytest.raises(psycopg.Error) as unknown:
+            conn.execute("SET dpsql.epsilonn = 1")
+        assert unknown.value.sqlstate == "22023" and "dpsql.epsilon," in str(unknown.value)
+        conn.execute("SET dpsql.strategy = 'identity'")
+        assert conn.execute("SHOW dpsql.strategy").fetchone() == ("identity",)
