@@ -183,10 +183,10 @@ class AnalystConnection:
                                   "budget, which has no per-analyst allowance yet: ask the "
                                   "data owner")
         eps = self.settings["epsilon"]
-        if eps is None:
+        if eps is None:                  # an accuracy target: the epsilon it will spend
             eps = conn.cursor().explain(sql).epsilon
-        return policy.table, Fraction(repr(eps)) if isinstance(eps, float) else \
-            Fraction(eps), Fraction(self.settings["delta"])
+        eps = Fraction(repr(eps)) if isinstance(eps, float) else Fraction(eps)
+        return policy.table, eps, Fraction(self.settings["delta"])
 
     def _release(self, texts: list[str]) -> list:
         sql = ";\n".join(t.strip().rstrip(";").strip() for t in texts)

@@ -16,7 +16,7 @@ import duckdb
 
 from dpsql import errors as dp
 from dpsql.interfaces.server.results import Result
-from dpsql.interfaces.server.shadow import SERVER_VERSION
+from dpsql.interfaces.server.shadow import SERVER_VERSION, sql_type
 from dpsql.store.database import quote_ident
 from dpsql.store.ledger import is_result_table
 
@@ -65,8 +65,7 @@ class PublicViews:
         types = [None] * len(cols)
         for i in range(max(0, len(cols) - 4), len(cols)):
             types[i] = "DOUBLE"
-        from dpsql.interfaces.server.shadow import _sql_type
-        types = [t or _sql_type(result_table.rows, i) for i, t in enumerate(types)]
+        types = [t or sql_type(result_table.rows, i) for i, t in enumerate(types)]
         self.shadow.table(result_table.name, cols, result_table.rows, types)
         return Result.table(cols, types, result_table.rows)
 

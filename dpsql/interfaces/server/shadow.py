@@ -122,7 +122,7 @@ class Shadow:
 
     def table(self, name: str, columns, rows, types=None) -> None:
         """A table with rows (a result table or a budget view): ``types`` SQL types."""
-        types = types or [_sql_type(rows, i) for i in range(len(columns))]
+        types = types or [sql_type(rows, i) for i in range(len(columns))]
         cols = ", ".join(f"{quote_ident(c)} {t}" for c, t in zip(columns, types))
         with self.lock:
             self.con.execute(f"CREATE OR REPLACE TABLE {quote_ident(name)} ({cols})")
@@ -146,7 +146,7 @@ class Shadow:
             self.con.close()
 
 
-def _sql_type(rows, i: int) -> str:
+def sql_type(rows, i: int) -> str:
     for r in rows:
         v = r[i]
         if v is None:
