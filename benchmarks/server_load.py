@@ -77,7 +77,16 @@ def over_the_wire(server, clients, batches, epsilon=EPSILON):
                 except psycopg.Error as exc:
                     out.append((exc.sqlstate, time.perf_counter() - t0))
         return out
-    return [r for rs in _run_threads(clients, client) for r in rs]
+    return [r for rs in _run_threads(clients, _guarded(client)) for r in rs]
+
+
+def _guarded(client):
+    def run(i):
+        try:
+            return client(i)
+        except psycopg.Error as exc:            # a refused connection: counted, not lost
+            return [(f"connect: {str(exc).splitlines()[-1][:120]}", 0.0)]
+    return run
 
 
 def in_process(db_path, clients, batches):
@@ -129,7 +138,9 @@ def run1(tmp: Path, clients: int, batches: int) -> bool:
     try:
         wire = over_the_wire(server, clients, batches)
     finally:
-        server.stop()
+        err = server.stop()
+    if err.strip():
+        print("  server stderr:", err.strip()[-2000:])
     refused = [s for s, _ in wire if s != "ok"]
     w50, w95 = _quantiles([t for _, t in wire])
     print(f"run 1: {clients} clients x {batches} batches over the wire: "
@@ -154,7 +165,9 @@ def run2(tmp: Path, clients: int, batches: int) -> bool:
     try:
         wire = over_the_wire(server, clients, batches, EPSILON_RUN2)
     finally:
-        server.stop()
+        err = server.stop()
+    if err.strip():
+        print("  server stderr:", err.strip()[-2000:])
     released = sum(1 for s, _ in wire if s == "ok")
     states = sorted({s for s, _ in wire if s != "ok"})
     print(f"run 2: budget of 10 batches, {n} sent: released {released}, refused "

@@ -62,6 +62,7 @@ class ServerProcess:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def stop(self) -> None:
+    def stop(self) -> str:
+        """Stop it (SIGTERM, as systemd does); its standard error."""
         self.proc.terminate()
-        self.proc.communicate()
+        return self.proc.communicate()[1]

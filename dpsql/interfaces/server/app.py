@@ -33,7 +33,8 @@ DEFAULT_MAX_CONNECTIONS = 64
 
 
 class Server(socketserver.ThreadingTCPServer):
-    daemon_threads = True
+    daemon_threads = False          # server_close() joins them: releases finish first
+    block_on_close = True
     allow_reuse_address = True
     request_queue_size = 128
 
@@ -81,6 +82,16 @@ class Server(socketserver.ThreadingTCPServer):
 
     def leave(self) -> None:
         self._slots.release()
+
+    def server_close(self) -> None:
+        """Stop: every connection's socket is shut (a release in progress completes and
+        is written first), then the connection threads are joined."""
+        with self._live_lock:
+            handlers = [h for _, h in self._live.values()]
+        for h in handlers:
+            with contextlib.suppress(OSError):
+                h.request.shutdown(socket.SHUT_RDWR)
+        super().server_close()
 
     # ---------------------------------------------------------------- cancellation
     def register(self, pid: int, secret: int, handler) -> None:

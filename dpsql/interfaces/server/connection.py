@@ -20,6 +20,8 @@ from dpsql.interfaces.server.params import bind, decode
 from dpsql.interfaces.server.results import Failure, Result
 
 SASL, SASL_CONTINUE, SASL_FINAL, AUTH_OK = 10, 11, 12, 0
+#: how long a new connection may take to start up and authenticate
+STARTUP_SECONDS = 60
 
 
 class Handler(socketserver.StreamRequestHandler):
@@ -30,6 +32,7 @@ class Handler(socketserver.StreamRequestHandler):
         self.pid = secrets.randbits(31)
         self.secret = secrets.randbits(32)
         slot = False
+        self.request.settimeout(STARTUP_SECONDS)    # a silent client cannot hold a slot
         try:
             params = self._startup()
             if params is None:
@@ -44,6 +47,7 @@ class Handler(socketserver.StreamRequestHandler):
                 return
             self.analyst = AnalystConnection(self.server, account,
                                              _options(params.get("options", "")))
+            self.request.settimeout(None)
             self.server.register(self.pid, self.secret, self)
             self._greet(params, account.user)
             self._loop()
