@@ -11,6 +11,7 @@ which holds no protected row.
 
 from __future__ import annotations
 
+import traceback
 from fractions import Fraction
 
 from dpsql import errors as dp
@@ -76,6 +77,9 @@ class AnalystConnection:
             outcome = Failure.of(exc)
         except dbapi.Error as exc:
             outcome = _failure(exc)
+        except Exception as exc:             # a bug: XX000, its text withheld from the client
+            traceback.print_exc()
+            outcome = Failure.of(exc)
         self.server.audit(self.account.user, k, text, outcome)
         return outcome
 
@@ -196,6 +200,9 @@ class AnalystConnection:
             outcome = Failure.of(exc)
         except dbapi.Error as exc:
             outcome = _failure(exc)
+        except Exception as exc:             # a bug: XX000, its text withheld from the client
+            traceback.print_exc()
+            outcome = Failure.of(exc)
         self.server.audit(self.account.user, "release", sql, outcome)
         return [outcome]
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import secrets
 import socketserver
 import struct
+import traceback
 
 from dpsql import errors as dp
 from dpsql.interfaces.server import scram, wire
@@ -57,6 +58,9 @@ class Handler(socketserver.StreamRequestHandler):
             self._fatal(dp.UsageError(f"protocol violation: {exc}"))
         except dp.DpsqlError as exc:
             self._fatal(exc)
+        except Exception as exc:               # a bug: the client gets XX000, text withheld
+            traceback.print_exc()
+            self._fatal(dp.InternalFailure(dp.one_line(exc)))
         finally:
             self.server.unregister(self.pid)
             if self.analyst is not None:
