@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import warnings
 
 import pytest
@@ -24,11 +25,13 @@ def server(tmp_path_factory):
     s.stop()
 
 
-@pytest.mark.skipif(shutil.which("pgcli") is None and not os.path.exists(
-    os.path.join(os.path.dirname(os.sys.executable), "pgcli")), reason="pgcli not installed")
+PGCLI = shutil.which("pgcli") or os.path.join(os.path.dirname(sys.executable), "pgcli")
+
+
+@pytest.mark.skipif(not os.path.exists(PGCLI), reason="pgcli is not installed")
 def test_pgcli_runs_a_batch_lists_tables_and_reports_errors(server, tmp_path):
     pexpect = pytest.importorskip("pexpect")
-    pgcli = shutil.which("pgcli") or os.path.join(os.path.dirname(os.sys.executable), "pgcli")
+    pgcli = PGCLI
     env = dict(os.environ, PGOPTIONS="-c dpsql.epsilon=0.05 -c dpsql.delta=1e-8",
                PGPASSWORD=PASSWORDS["alice"], HOME=str(tmp_path), TERM="dumb")
     child = pexpect.spawn(pgcli, ["-h", "127.0.0.1", "-p", str(server.port), "-U", "alice",
