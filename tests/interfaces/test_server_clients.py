@@ -148,3 +148,48 @@ def test_dbeaver_and_metabase_connect_time_catalog_queries(server):
             "SELECT column_name FROM information_schema.columns WHERE table_name = 'adult' "
             "ORDER BY ordinal_position").fetchall()
         assert [c for (c,) in columns] == ["age", "sex", "race", "income", "hours_per_week"]
+
+
+POLICY_TOML = """
+epsilon = 1.0
+delta = 1e-5
+[columns.age]
+type = "integer"
+min = 17
+max = 90
+[columns.sex]
+type = "categorical"
+values = ["Female", "Male"]
+"""
+
+
+def test_the_data_owner_protects_and_grants_over_the_wire(tmp_path):
+    from dpsql.interfaces.server import accounts
+
+    db = str(tmp_path / "raw.duckdb")
+    make_adult_db(db, protect=False).close()
+    users = str(tmp_path / "users.toml")
+    accounts.add_user(users, "owner", PASSWORDS["owner"], role="admin")
+    accounts.add_user(users, "alice", PASSWORDS["alice"], allowances={})
+    s = ServerProcess(db, users)
+    try:
+        with psycopg.connect(s.dsn("alice"), autocommit=True) as alice:
+            with pytest.raises(psycopg.Error) as denied:
+                alice.execute("CALL dpsql.protect('adult', %s)", (POLICY_TOML,))
+            assert denied.value.sqlstate == "42501"
+        with psycopg.connect(s.dsn("owner"), autocommit=True) as owner:
+            with pytest.raises(psycopg.Error) as early:
+                owner.execute("CALL dpsql.allow('alice', 'adult', '0.2', '0')")
+            assert early.value.sqlstate == "42P01"              # not protected yet
+            owner.execute("CALL dpsql.protect('adult', %s)", (POLICY_TOML,))
+            owner.execute("CALL dpsql.allow('alice', 'adult', '0.2', '0')")
+            with pytest.raises(psycopg.Error) as bad:
+                owner.execute("CALL dpsql.protect('adult', 'epsilon = [')")
+            assert bad.value.sqlstate == "42P17"
+        with psycopg.connect(s.dsn("alice", epsilon="0.05", delta="0"),
+                             autocommit=True) as alice:
+            assert alice.execute("SHOW dpsql.budget").fetchone()[:2] == ("adult", 0.2)
+            rows = alice.execute("SELECT sex, count(*) FROM adult GROUP BY sex").fetchall()
+            assert [r[0] for r in rows] == ["Female", "Male"]
+    finally:
+        s.stop()

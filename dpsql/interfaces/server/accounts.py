@@ -154,6 +154,20 @@ def set_password(path: str, user: str, password: str) -> None:
     _write(path, users)
 
 
+def set_allowance(path: str, user: str, table: str, epsilon: str, delta: str) -> None:
+    """Give ``user`` an allowance of ``table``'s budget (replacing any); checked on write."""
+    users = _raw(path)
+    if user not in users:
+        raise DpsqlError(f"there is no user {user!r}; add it with `dpsql user add`")
+    for value, what in ((epsilon, "epsilon"), (delta, "delta")):
+        if _number(value, f"allowance {what}") < 0:
+            raise DpsqlError(f"the allowance's {what} must be at least 0, got {value}")
+    users[user].setdefault("allowance", {})[table.lower()] = {"epsilon": epsilon,
+                                                              "delta": delta}
+    _write(path, users)
+    load_users(path)
+
+
 def remove_user(path: str, user: str) -> None:
     users = _raw(path)
     if users.pop(user, None) is None:

@@ -16,6 +16,7 @@ from fractions import Fraction
 
 from dpsql import errors as dp
 from dpsql.interfaces import dbapi
+from dpsql.interfaces.server import admin
 from dpsql.interfaces.server import statements as st
 from dpsql.interfaces.server.accounts import Account
 from dpsql.interfaces.server.catalog import PublicViews
@@ -108,6 +109,8 @@ class AnalystConnection:
                                  else "")
         if k == "noop":
             return Result(st.first_word(text))
+        if k == "admin":
+            return admin.call(self, text)
         if k == "unsupported":
             raise dp.UnsupportedQueryError(
                 f"{st.first_word(text) or 'this statement'} is not supported by the dpsql "

@@ -65,6 +65,9 @@ def bind(sql: str, values: list) -> str:
         tokens = sqlglot.tokenize(sql, read="postgres")
     except sqlglot.errors.TokenError:
         raise ParseError("the statement could not be read to bind its parameters") from None
+    if tokens and tokens[0].token_type == TokenType.COMMAND:    # CALL ...: the rest is text
+        cut = tokens[0].end + 1
+        return sql[:cut] + bind(sql[cut:], values)
     out, last = [], 0
     for i, tok in enumerate(tokens):
         if tok.token_type == TokenType.PARAMETER and i + 1 < len(tokens):

@@ -107,6 +107,8 @@ def kind(sql: str, protected: set, visible: set) -> str:
         return "explain"
     if word in _NOOP:
         return "noop"
+    if word == "CALL":
+        return "admin"
     return _reads(sql, protected, visible)
 
 
