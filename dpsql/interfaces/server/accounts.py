@@ -190,9 +190,20 @@ class Journal:
         self._open: dict = {}        # reservation id -> (user, table, ε, δ)
         if os.path.exists(path):
             with open(path, encoding="utf-8") as f:
-                for line in f:
-                    if line.strip():
-                        self._apply(json.loads(line))
+                text = f.read()
+            if text and not text.endswith("\n"):
+                with open(path, "a", encoding="utf-8") as f:
+                    f.write("\n")               # the next record starts on its own line
+            lines = [ln for ln in text.split("\n") if ln.strip()]
+            for i, line in enumerate(lines):
+                try:
+                    self._apply(json.loads(line))
+                except (ValueError, KeyError):
+                    # a crash mid-write leaves a partial LAST line: its release never started
+                    # (the reservation is written before it); anything else is damage
+                    if i != len(lines) - 1:
+                        raise InputFileError(f"the allowance journal {path!r} is damaged at "
+                                             f"line {i + 1}; restore it from a backup") from None
 
     def _apply(self, rec: dict) -> None:
         key = (rec["user"], rec["table"])
