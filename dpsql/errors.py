@@ -130,6 +130,24 @@ class ScriptError(DpsqlError):
         self.cause = cause
 
 
+class AccessDenied(DpsqlError):
+    """The server's analyst may not do this: a table without an allowance, another
+    analyst's result table, an owner-only operation. Nothing was charged."""
+
+
+class AuthenticationFailed(DpsqlError):
+    """The server refused the login (unknown user or wrong password; never says which)."""
+
+
+class TooManyConnections(DpsqlError):
+    """The server already serves its documented maximum of connections; try again later."""
+
+
+class RequestCancelled(DpsqlError):
+    """The client cancelled the request (CancelRequest or disconnect) before the charge:
+    nothing was charged or released."""
+
+
 class BudgetExceededError(DpsqlError):
     """A release would spend more than a table's budget. Nothing was charged."""
 
@@ -220,6 +238,14 @@ ERROR_TABLE: dict[type, ErrorRow] = {
                                "database busy in another process: try again later"),
     BudgetExceededError: ErrorRow(EX_NOPERM, "53400", "BudgetExceeded",
                                   "budget exhausted: nothing was charged"),
+    AccessDenied: ErrorRow(EX_NOPERM, "42501", "ProgrammingError",
+                           "not granted to this analyst (server): nothing was charged"),
+    AuthenticationFailed: ErrorRow(EX_NOPERM, "28P01", "OperationalError",
+                                   "login refused (server): unknown user or wrong password"),
+    TooManyConnections: ErrorRow(EX_TEMPFAIL, "53300", "OperationalError",
+                                 "server at its connection limit: try again later"),
+    RequestCancelled: ErrorRow(EX_TEMPFAIL, "57014", "OperationalError",
+                               "request cancelled before the charge: nothing was charged"),
     ScaleRefused: ErrorRow(EX_SOFTWARE, "XX000", "InternalError",
                            "the kernel refused a noise scale (a dpsql bug; nothing was drawn)"),
     InternalFailure: ErrorRow(EX_SOFTWARE, "XX000", "InternalError",

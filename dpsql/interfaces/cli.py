@@ -10,6 +10,8 @@
     dpsql explain DB SCRIPT.sql [same options]      (= run --dry-run)
     dpsql budget DB
     dpsql ledger DB
+    dpsql serve DB [--port 5433] [--users USERS.toml]     (docs/server.md)
+    dpsql user add|passwd|remove USERS.toml NAME
 
 ``run`` answers a reporting script workload by workload (see :mod:`dpsql.interfaces.scripts` and
 docs/scripts.md); the privacy options are defaults that the script's ``SET dpsql.*``
@@ -97,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     sh.add_argument("argv", nargs=argparse.REMAINDER)
     lg = sub.add_parser("ledger", help="every release charged to the database")
     lg.add_argument("db")
+    from dpsql.interfaces.server import cli as server_cli   # serve, user: docs/server.md
+    server_cli.add_subcommands(sub)
     return parser
 
 
@@ -165,6 +169,10 @@ def _dispatch(args) -> int:
         return shell.main(args.argv)
     if args.command == "demo":
         return demo(args.db)
+    if args.command in ("serve", "user"):
+        from dpsql.interfaces.server import cli as server_cli
+
+        return server_cli.run(args)
     if args.command == "protect":
         from dpsql.policy.policy import load_policy
 

@@ -32,6 +32,9 @@ POSTGRES_CODES = {
     "55000": "object_not_in_prerequisite_state", "55P03": "lock_not_available",
     "53400": "configuration_limit_exceeded", "54000": "program_limit_exceeded",
     "XX000": "internal_error",
+    # the PostgreSQL-wire server's refusals (docs/server.md)
+    "42501": "insufficient_privilege", "28P01": "invalid_password",
+    "53300": "too_many_connections", "57014": "query_canceled",
 }
 SYSEXITS = {64, 65, 66, 69, 70, 75, 77}
 
@@ -162,7 +165,11 @@ NOT_REACHABLE_BY_SUBPROCESS = {"LockTimeoutError", "InternalFailure",   # in-pro
                                "BatchTooLarge",
                                # implicit workloads are not wired into requests yet (issue 16):
                                # tests/strategies/test_blocks.py raises it
-                               "DomainTooLarge"}
+                               "DomainTooLarge",
+                               # the PostgreSQL-wire server's refusals (SQLSTATE, not exit
+                               # status): tests/interfaces/test_server*.py raise them
+                               "AccessDenied", "AuthenticationFailed", "TooManyConnections",
+                               "RequestCancelled"}
 
 
 def test_cli_cases_cover_every_class():

@@ -1,0 +1,81 @@
+"""The command-line entries of the server: ``dpsql serve`` and ``dpsql user``.
+
+    dpsql serve DB [--host 127.0.0.1] [--port 5433] [--users USERS.toml]
+                   [--certificate CERT --key KEY [--require-tls]] [--max-connections N]
+    dpsql user add USERS.toml NAME [--role analyst|admin] [--allow TABLE=EPS,DELTA ...]
+    dpsql user passwd USERS.toml NAME
+    dpsql user remove USERS.toml NAME
+
+Passwords are read from the terminal (twice), or from the first line of standard input
+when it is not a terminal; they are stored only as SCRAM-SHA-256 verifiers.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import sys
+
+from dpsql.errors import UsageError
+
+COMMANDS = ("serve", "user")
+
+
+def add_subcommands(sub) -> None:
+    """Add ``serve`` and ``user`` to ``dpsql``'s argparse sub-parsers."""
+    s = sub.add_parser("serve", help="PostgreSQL-wire server with per-analyst accounts "
+                                     "(docs/server.md)")
+    s.add_argument("db")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=5433)
+    s.add_argument("--users", help="users file (default: DB.users.toml)")
+    s.add_argument("--certificate", help="TLS certificate chain (PEM)")
+    s.add_argument("--key", help="TLS private key (PEM)")
+    s.add_argument("--require-tls", action="store_true", help="refuse connections without TLS")
+    s.add_argument("--max-connections", type=int, default=64)
+    u = sub.add_parser("user", help="add, remove or change analysts of a server's users file")
+    u.add_argument("action", choices=("add", "passwd", "remove"))
+    u.add_argument("users")
+    u.add_argument("name")
+    u.add_argument("--role", default="analyst", choices=("analyst", "admin"))
+    u.add_argument("--allow", action="append", default=[], metavar="TABLE=EPS,DELTA",
+                   help="the analyst's allowance of TABLE's budget (repeat per table)")
+
+
+def run(args) -> int:
+    from dpsql.interfaces.server import accounts, app
+
+    if args.command == "serve":
+        app.serve(args.db, args.users or args.db + ".users.toml", host=args.host,
+                  port=args.port, certificate=args.certificate, key=args.key,
+                  require_tls=args.require_tls, max_connections=args.max_connections)
+        return 0
+    if args.action == "remove":
+        accounts.remove_user(args.users, args.name)
+    elif args.action == "passwd":
+        accounts.set_password(args.users, args.name, _password())
+    else:
+        accounts.add_user(args.users, args.name, _password(), role=args.role,
+                          allowances=dict(_allowance(a) for a in args.allow))
+    print(f"{args.action}: {args.name} in {args.users}")
+    return 0
+
+
+def _allowance(text: str):
+    table, _, amounts = text.partition("=")
+    eps, _, delta = amounts.partition(",")
+    if not table or not eps:
+        raise UsageError(f"--allow {text!r}: write TABLE=EPSILON,DELTA, e.g. adult=0.5,1e-6")
+    return table, (eps.strip(), (delta or "0").strip())
+
+
+def _password() -> str:
+    if not os.isatty(sys.stdin.fileno()):
+        word = sys.stdin.readline().rstrip("\n")
+    else:
+        word = getpass.getpass("password: ")
+        if getpass.getpass("again: ") != word:
+            raise UsageError("the two passwords differ; nothing was changed")
+    if not word:
+        raise UsageError("the password is empty; nothing was changed")
+    return word
