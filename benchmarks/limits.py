@@ -249,6 +249,32 @@ def synthetic(n: int, m: int, seed: int) -> Workload:
     return Workload("synthetic", (part,), W, (Output(query, 0, m, (), (), (), None),))
 
 
+def marginals(dims, seed: int) -> Workload:
+    """A random batch of marginals: columns of the given sizes (random, not Adult's), the
+    counts of every assignment of a random half of the column subsets (all of them for up to
+    three columns), as a GROUP BY CUBE over made-up columns would ask."""
+    import itertools
+
+    rng = np.random.default_rng(seed)
+    subsets = [c for r in range(len(dims) + 1) for c in itertools.combinations(
+        range(len(dims)), r)]
+    if len(dims) > 3:
+        subsets = [subsets[i] for i in sorted(rng.choice(len(subsets), len(subsets) // 2,
+                                                         replace=False))]
+    blocks = []
+    for subset in subsets:
+        block = sp.csr_matrix(np.ones((1, 1)))
+        for i, d in enumerate(dims):
+            block = sp.kron(block, sp.identity(d) if i in subset else np.ones((1, d)),
+                            format="csr")
+        blocks.append(block)
+    W = sp.vstack(blocks, format="csr")
+    m, n = W.shape
+    part = ColumnPartition("x", np.arange(n), n, tuple((u,) for u in range(n)))
+    query = SimpleNamespace(index=0, where=None, grouping_sets=(("x",),), count_column=None)
+    return Workload("synthetic", (part,), W, (Output(query, 0, m, (), (), (), None),))
+
+
 def calibrate(sizes) -> None:
     """Fit each step's time on :func:`dpsql.workload.limits.time_features` (non-negative
     least squares on the relative error) over random batches (:func:`synthetic`), never the
@@ -257,8 +283,10 @@ def calibrate(sizes) -> None:
 
     names = matrix.requested(_Policy, 1e-6, "auto")
     samples: dict = {}
-    for k, (n, m) in enumerate(sizes):
-        w = synthetic(n, m, seed=k)
+    for k, size in enumerate(sizes):
+        w = synthetic(*size, seed=k) if len(size) == 2 and size[0] > 16 else \
+            marginals(size, seed=k)
+        (m, n) = w.W.shape
         fresh(w)
         kk = min(n, m)
         _, t = measured(lambda: matrix.svdb(matrix.workload_info(w)), trace=False)
@@ -302,7 +330,9 @@ def main() -> int:
     if args.fit:
         calibrate([(96, 96), (96, 384), (192, 48), (192, 192), (192, 768), (384, 96),
                    (384, 384), (384, 1536), (640, 640), (800, 400), (800, 1600),
-                   (1000, 1000)])
+                   (1000, 1000),
+                   (3, 4, 5), (2, 6, 8), (4, 5, 6, 3), (7, 3, 4, 5), (2, 3, 4, 5, 6),
+                   (8, 9, 12), (3, 3, 4, 5, 6), (10, 12, 11)])
         return 0
     policies = load_policy(POLICY)
     if args.requests:
