@@ -57,20 +57,19 @@ def screen(workload: Workload, names: list, auto: bool) -> tuple[list, list]:
     """(candidates that fit, skipped ones as evaluations). ``time_limit`` bounds the whole
     request: the release (:func:`release`), the bound when it fits, and every candidate
     evaluated, admitted cheapest first while their sum fits; ``max_memory`` bounds each
-    step's peak (steps run one after the other). Raises :class:`BatchTooLarge` when none
-    fits, or when the one strategy asked for by name does not."""
+    step's peak plus what the candidates admitted before it hold (:func:`held`). Raises
+    :class:`BatchTooLarge` when none fits, or when the one strategy asked for by name does
+    not."""
     limits = planning.current()
     costs = [predicted(workload, family, name, strategy) for family, name, strategy in names]
     spent = release(workload).seconds + (_bound(workload).seconds
                                          if bound_fits(workload) is None else 0.0)
-    why = {}
+    why, holding = {}, 0.0
     for i in sorted(range(len(names)), key=lambda k: costs[k].seconds):
-        total = planning.Cost(costs[i].memory, spent + costs[i].seconds)
-        why[i] = costs[i].over(limits) or total.over(limits)
+        total = planning.Cost(costs[i].memory + holding, spent + costs[i].seconds)
+        why[i] = costs[i].over(limits) or _over_in_total(total, limits)
         if why[i] is None:
-            spent = total.seconds
-        elif costs[i].over(limits) is None:
-            why[i] = f"would take the request to {why[i][len('needs '):]} in total"
+            spent, holding = total.seconds, holding + held(workload, names[i][1])
     fitting = [names[i] for i in range(len(names)) if why[i] is None]
     skipped = [Evaluation(names[i][0], names[i][1], status="skipped",
                           note=f"skipped: planning it {why[i]} (predicted)")
@@ -82,14 +81,38 @@ def screen(workload: Workload, names: list, auto: bool) -> tuple[list, list]:
     return fitting, skipped
 
 
+def held(workload: Workload, name: str) -> float:
+    """Bytes a candidate's evaluation keeps until the choice is made (its solver's n x n
+    factor; none for the identity): the evaluations of one request are held together."""
+    return 0.0 if spec.parse(name)[0] == "identity" else 8.0 * workload.n_cells ** 2
+
+
+#: the request's own Python objects besides the steps (parsed batch, compiled workload,
+#: result conversion): about 0.5 MiB on the smallest batches
+REQUEST_OVERHEAD_BYTES = 2 ** 19
+
+
+def _over_in_total(total: planning.Cost, limits: planning.Limits) -> str | None:
+    if total.memory > limits.max_memory:
+        return (f"would bring the request to about {planning.show_bytes(total.memory)} "
+                f"held at once, over max_memory = {planning.show_bytes(limits.max_memory)}")
+    if total.seconds > limits.time_limit:
+        return (f"would take the request to about {total.seconds:.3g} s in total, "
+                f"over time_limit = {limits.time_limit:g} s")
+    return None
+
+
 def request_cost(workload: Workload, names: list) -> planning.Cost:
-    """The whole request as :func:`screen` admits it: its peak memory (the largest step)
-    and its total time (release, bound, every candidate kept)."""
+    """The whole request as :func:`screen` admits it: its peak memory (the largest step plus
+    what every kept candidate holds until the choice, :func:`held`) and its total time
+    (release, bound, every candidate kept)."""
     kept, _ = screen(workload, names, True)
     steps = [release(workload)] + [predicted(workload, f, n, s) for f, n, s in kept]
     if bound_fits(workload) is None:
         steps.append(_bound(workload))
-    return planning.Cost(max(c.memory for c in steps), sum(c.seconds for c in steps))
+    memory = (max(c.memory for c in steps) + sum(held(workload, n) for _, n, _ in kept)
+              + REQUEST_OVERHEAD_BYTES)
+    return planning.Cost(memory, sum(c.seconds for c in steps))
 
 
 def too_large(workload: Workload, why: str) -> BatchTooLarge:
