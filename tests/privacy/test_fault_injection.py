@@ -506,3 +506,27 @@ def _fault_and_retry(driver, path, route, mode, point, before) -> None:
     total = sum((e for _, e, _ in after.values()), Fraction(0))
     assert sum((e for _, e, _ in check_invariant(path).values()), Fraction(0)) \
         == total + paid[-1][0]
+
+
+def test_the_invariant_check_catches_broken_ledgers(templates, scratch):
+    """The check itself can fail: a released entry missing a table, a charged entry with
+    linked tables, an orphan table and a released matrix release without its stored
+    measurements are each refused."""
+    import dpsql
+
+    def broken(sql):
+        path = _fresh(templates, "batch3", scratch, "broken")
+        with dpsql.connect(path, reuse=False) as db:
+            request = dict(ROUTES["batch3"][0])
+            db.answer(request.pop("sql"), **request)
+        con = duckdb.connect(path)
+        con.execute(sql)
+        con.close()
+        return path
+
+    for sql in ("DROP TABLE weekly_total",
+                "UPDATE dpsql.ledger SET status = 'charged'",
+                "CREATE TABLE main.stray AS SELECT 1 AS x",
+                "DELETE FROM dpsql.measurements"):
+        with pytest.raises(AssertionError):
+            check_invariant(broken(sql))
