@@ -26,14 +26,18 @@ fits. Always exits 0: a benchmark, not a test.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
 import tracemalloc
 from types import SimpleNamespace
 
-import numpy as np
-import scipy.sparse as sp
+for _threads in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_threads, "1")     # one core: CPU time is then the step's time
+
+import numpy as np  # noqa: E402
+import scipy.sparse as sp  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -70,17 +74,21 @@ def ranges(n: int) -> Workload:
     return Workload("synthetic", (part,), W, (Output(query, 0, len(i), (), (), (), None),))
 
 
-def measured(step):
-    """(peak bytes, seconds) of ``step()``."""
-    tracemalloc.start()
-    started = time.perf_counter()
+def measured(step, trace: bool = True):
+    """(peak bytes, process CPU seconds) of ``step()``. CPU time, not wall-clock: the
+    machine is shared, and its load moves wall-clock times by factors (LAPACK's threads
+    count double, so BLAS-heavy steps may show up to 2x their wall time on 2 cores)."""
+    if trace:
+        tracemalloc.start()
+    started = time.process_time()
     try:
         step()
     except MemoryError:
         pass
-    seconds = time.perf_counter() - started
-    peak = tracemalloc.get_traced_memory()[1]
-    tracemalloc.stop()
+    seconds = time.process_time() - started
+    peak = tracemalloc.get_traced_memory()[1] if trace else 0
+    if trace:
+        tracemalloc.stop()
     return peak, seconds
 
 
@@ -166,11 +174,169 @@ def _cost(family, name, strategy, n, m, nnz):
     return planning.candidate_cost(key, n, m, nnz, estimate(info) if estimate else 0.0)
 
 
+def whole_requests(policies, max_seconds: float) -> int:
+    """Whole requests through ``Session.answer`` (compile, selection under the limits, the
+    kernel, inference, result tables) on a fresh copy of the packaged Adult database each:
+    predicted (:func:`dpsql.mechanisms.fit.request_cost`) against measured, time and memory
+    in two separate runs (tracemalloc slows Python-heavy steps)."""
+    import shutil
+    import tempfile
+
+    import duckdb
+
+    import dpsql
+
+    folder = tempfile.mkdtemp(prefix="dpsql-limits-")
+    base = os.path.join(folder, "base.duckdb")
+    con = duckdb.connect(base)
+    con.execute("CREATE TABLE adult AS SELECT * FROM read_csv(?, header = true)",
+                [os.path.join(ROOT, "dpsql", "data", "adult.csv.gz")])
+    con.close()
+    with dpsql.connect(base) as db:
+        db.protect("adult", POLICY)
+    print(f"{'request':<12} {'n':>8} {'m':>8} {'pred MiB':>9} {'peak MiB':>9} {'ratio':>6} "
+          f"{'pred s':>8} {'cpu s':>8} {'ratio':>6}  kept")
+    names = matrix.requested(_Policy, 1e-6, "auto")
+    for k in range(2, len(CUBE_COLUMNS)):
+        workload = cube(k, policies)
+        cols = ", ".join(CUBE_COLUMNS[:k])
+        sql = f"SELECT {cols}, COUNT(*) FROM adult GROUP BY CUBE({cols})"
+        try:
+            cost = fit.request_cost(workload, names)
+            kept = len(fit.screen(workload, names, True)[0])
+        except BatchTooLarge:
+            print(f"cube {k}: refused under the default limits")
+            continue
+        runs = []
+        for trace in (False, True):
+            if trace and runs[0][1] > max_seconds:
+                runs.append((math.nan, math.nan))
+                continue
+            path = os.path.join(folder, f"cube{k}-{trace}.duckdb")
+            shutil.copyfile(base, path)
+            with dpsql.connect(path, reuse=False) as db:
+                runs.append(measured(lambda: db.answer(sql, epsilon=0.01, delta=1e-6),
+                                     trace=trace))
+            os.remove(path)
+        peak, seconds = runs[1][0], runs[0][1]
+        print(f"{'cube ' + str(k):<12} {workload.n_cells:>8,} {workload.n_queries:>8,} "
+              f"{cost.memory / 2**20:>9.1f} {peak / 2**20:>9.1f} "
+              f"{peak / cost.memory:>6.2f} {cost.seconds:>8.2f} {seconds:>8.2f} "
+              f"{seconds / cost.seconds:>6.2f}  {kept}/{len(names)}", flush=True)
+    shutil.rmtree(folder, ignore_errors=True)
+    return 0
+
+
+def synthetic(n: int, m: int, seed: int) -> Workload:
+    """A random batch, unlike the benchmark's: m counting queries over n cells, each a
+    random interval or a random scattered set (a predicate on an unordered column), mixed;
+    every other batch has small sets only (up to 8 cells: marginal-like, sparse)."""
+    rng = np.random.default_rng(seed)
+    largest = max(2, n // 4) if seed % 2 == 0 else 9
+    rows, cols = [], []
+    for q in range(m):
+        if q % 2 and largest > 9:
+            a, b = sorted(rng.integers(0, n, 2))
+            cells = np.arange(a, b + 1)
+        else:
+            cells = rng.choice(n, size=int(rng.integers(1, largest)), replace=False)
+        rows.append(np.full(len(cells), q))
+        cols.append(cells)
+    W = sp.csr_matrix((np.ones(sum(map(len, rows))), (np.concatenate(rows),
+                                                       np.concatenate(cols))), shape=(m, n))
+    part = ColumnPartition("x", np.arange(n), n, tuple((u,) for u in range(n)))
+    query = SimpleNamespace(index=0, where=None, grouping_sets=(("x",),), count_column=None)
+    return Workload("synthetic", (part,), W, (Output(query, 0, m, (), (), (), None),))
+
+
+def marginals(dims, seed: int) -> Workload:
+    """A random batch of marginals: columns of the given sizes (random, not Adult's), the
+    counts of every assignment of a random half of the column subsets (all of them for up to
+    three columns), as a GROUP BY CUBE over made-up columns would ask."""
+    import itertools
+
+    rng = np.random.default_rng(seed)
+    subsets = [c for r in range(len(dims) + 1) for c in itertools.combinations(
+        range(len(dims)), r)]
+    if len(dims) > 3:
+        subsets = [subsets[i] for i in sorted(rng.choice(len(subsets), len(subsets) // 2,
+                                                         replace=False))]
+    blocks = []
+    for subset in subsets:
+        block = sp.csr_matrix(np.ones((1, 1)))
+        for i, d in enumerate(dims):
+            block = sp.kron(block, sp.identity(d) if i in subset else np.ones((1, d)),
+                            format="csr")
+        blocks.append(block)
+    W = sp.vstack(blocks, format="csr")
+    m, n = W.shape
+    part = ColumnPartition("x", np.arange(n), n, tuple((u,) for u in range(n)))
+    query = SimpleNamespace(index=0, where=None, grouping_sets=(("x",),), count_column=None)
+    return Workload("synthetic", (part,), W, (Output(query, 0, m, (), (), (), None),))
+
+
+def calibrate(sizes) -> None:
+    """Fit each step's time on :func:`dpsql.workload.limits.time_features` (non-negative
+    least squares on the relative error) over random batches (:func:`synthetic`), never the
+    batches reported below; prints :data:`dpsql.workload.limits.TIME_FIT`."""
+    from scipy.optimize import nnls
+
+    names = matrix.requested(_Policy, 1e-6, "auto")
+    samples: dict = {}
+    for k, size in enumerate(sizes):
+        w = synthetic(*size, seed=k) if len(size) == 2 and size[0] > 16 else \
+            marginals(size, seed=k)
+        (m, n) = w.W.shape
+        fresh(w)
+        kk = min(n, m)
+        _, t = measured(lambda: matrix.svdb(matrix.workload_info(w)), trace=False)
+        samples.setdefault("svdb", []).append(
+            (planning.time_features(kk ** 3, planning.gram_ops(w.W), m * n, w.W.nnz), t))
+        seen = set()
+        for family, name, strategy in names:
+            key = "eigen/laplace" if family == "laplace" and name == "eigen" else name
+            if key in seen or family == "laplace" and name != "eigen":
+                continue
+            seen.add(key)
+            fresh(w)
+            _, t = measured(lambda: matrix.evaluate(None, family, name, strategy, w, False),
+                            trace=False)
+            nnz = w.W.nnz
+            features = (planning.time_features(0, 0, 0, nnz) if key == "identity" else
+                        planning.time_features(n ** 3, nnz * n, m * n, nnz))
+            samples.setdefault(key, []).append((features, t))
+        print(f"  calibration batch n = {n}, m = {m}, nnz = {w.W.nnz:,} done", flush=True)
+    print("TIME_FIT = {")
+    for key, pts in samples.items():
+        F = np.array([f for f, _ in pts])
+        y = np.array([max(t, 1e-4) for _, t in pts])
+        scale = np.where(F.max(axis=0) > 0, F.max(axis=0), 1.0)
+        coef, _ = nnls(F / scale / y[:, None], np.ones(len(y)))
+        coef = coef / scale
+        pred = F @ coef
+        worst = max(max(p / t, t / p) for p, t in zip(pred, y))
+        print(f"    {key!r}: ({', '.join(f'{c:.3g}' for c in coef)}),  # worst {worst:.2f}")
+    print("}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-seconds", type=float, default=20.0)
+    parser.add_argument("--fit", action="store_true",
+                        help="calibrate the time model on random batches and stop")
+    parser.add_argument("--requests", action="store_true",
+                        help="whole requests only (dpsql answer, predicted vs measured)")
     args = parser.parse_args()
+    if args.fit:
+        calibrate([(96, 96), (96, 384), (192, 48), (192, 192), (192, 768), (384, 96),
+                   (384, 384), (384, 1536), (640, 640), (800, 400), (800, 1600),
+                   (1000, 1000),
+                   (3, 4, 5), (2, 6, 8), (4, 5, 6, 3), (7, 3, 4, 5), (2, 3, 4, 5, 6),
+                   (8, 9, 12), (3, 3, 4, 5, 6), (10, 12, 11)])
+        return 0
     policies = load_policy(POLICY)
+    if args.requests:
+        return whole_requests(policies, args.max_seconds)
     print(f"{'batch':<12} {'step':<14} {'pred MiB':>11} {'peak MiB':>10} {'ratio':>6} "
           f"{'pred s':>9} {'actual s':>9} {'ratio':>6}")
     for k in range(2, len(CUBE_COLUMNS) + 1):

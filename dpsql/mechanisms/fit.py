@@ -22,44 +22,97 @@ from dpsql.strategies import spec
 from dpsql.workload import limits as planning
 
 
-def predicted(workload: Workload, family: str, name: str, strategy) -> planning.Cost:
-    """A candidate's predicted planning cost (its own time estimate when it has one)."""
+def predicted(workload: Workload, family: str, name: str, strategy,
+              fitted: bool = True) -> planning.Cost:
+    """A candidate's predicted planning cost (its own time estimate when it has one;
+    ``fitted=False``: the model before calibration, for ``benchmarks/limits.py --fit``)."""
     n, m, nnz = workload.n_cells, workload.n_queries, workload.W.nnz
     estimate = getattr(strategy, "estimated_seconds", None)
-    seconds = estimate(SimpleNamespace(n=n)) if estimate is not None else 0.0
+    seconds = estimate(SimpleNamespace(n=n)) if estimate is not None and fitted else 0.0
     base = spec.parse(name)[0]
     key = f"{base}/laplace" if family == "laplace" and base == "eigen" else base
-    return planning.candidate_cost(key, n, m, nnz, seconds)
+    return planning.candidate_cost(key, n, m, nnz, seconds, fitted)
+
+
+def release(workload: Workload) -> planning.Cost:
+    """The kernel, the answers and the write of whichever candidate is chosen."""
+    return planning.release_cost(workload.n_cells, workload.n_queries)
+
+
+def _bound(workload: Workload) -> planning.Cost:
+    return planning.bound_cost(workload.n_cells, workload.n_queries, workload.W.nnz,
+                               planning.gram_ops(workload.W))
 
 
 def bound_fits(workload: Workload) -> str | None:
-    """None when the singular value bound fits the limits, else why it is skipped."""
-    cost = planning.bound_cost(workload.n_cells, workload.n_queries, workload.W.nnz,
-                               planning.gram_ops(workload.W))
-    why = cost.over(planning.current())
+    """None when the singular value bound fits the limits, else why it is skipped: its
+    memory, or its time plus the release's over ``time_limit`` (the request's total)."""
+    cost = _bound(workload)
+    why = planning.Cost(cost.memory, cost.seconds + release(workload).seconds).over(
+        planning.current())
     return None if why is None else f"lower bound (svdb) not computed: it {why}"
 
 
 def screen(workload: Workload, names: list, auto: bool) -> tuple[list, list]:
-    """(candidates that fit, skipped ones as evaluations). Raises :class:`BatchTooLarge`
-    when none fits, or when the one strategy asked for by name does not."""
+    """(candidates that fit, skipped ones as evaluations). ``time_limit`` bounds the whole
+    request: the release (:func:`release`), the bound when it fits, and every candidate
+    evaluated, admitted cheapest first while their sum fits; ``max_memory`` bounds each
+    step's peak plus what the candidates admitted before it hold (:func:`held`). Raises
+    :class:`BatchTooLarge` when none fits, or when the one strategy asked for by name does
+    not."""
     limits = planning.current()
-    fitting, skipped, cheapest = [], [], None
-    for family, name, strategy in names:
-        cost = predicted(workload, family, name, strategy)
-        why = cost.over(limits)
-        if why is None:
-            fitting.append((family, name, strategy))
-            continue
-        if cheapest is None or cost.memory < cheapest[1].memory:
-            cheapest = (name, cost, why)
-        skipped.append(Evaluation(family, name, status="skipped",
-                                  note=f"skipped: planning it {why} (predicted)"))
+    costs = [predicted(workload, family, name, strategy) for family, name, strategy in names]
+    spent = release(workload).seconds + (_bound(workload).seconds
+                                         if bound_fits(workload) is None else 0.0)
+    why, holding = {}, 0.0
+    for i in sorted(range(len(names)), key=lambda k: costs[k].seconds):
+        total = planning.Cost(costs[i].memory + holding, spent + costs[i].seconds)
+        why[i] = costs[i].over(limits) or _over_in_total(total, limits)
+        if why[i] is None:
+            spent, holding = total.seconds, holding + held(workload, names[i][1])
+    fitting = [names[i] for i in range(len(names)) if why[i] is None]
+    skipped = [Evaluation(names[i][0], names[i][1], status="skipped",
+                          note=f"skipped: planning it {why[i]} (predicted)")
+               for i in range(len(names)) if why[i] is not None]
     if not fitting:
-        name, _, why = cheapest
+        i = min(range(len(names)), key=lambda k: costs[k].memory)
         strategies = "every strategy exceeds them; the cheapest" if auto else "strategy"
-        raise too_large(workload, f"{strategies}, {name}, {why}")
+        raise too_large(workload, f"{strategies}, {names[i][1]}, {why[i]}")
     return fitting, skipped
+
+
+def held(workload: Workload, name: str) -> float:
+    """Bytes a candidate's evaluation keeps until the choice is made (its solver's n x n
+    factor; none for the identity): the evaluations of one request are held together."""
+    return 0.0 if spec.parse(name)[0] == "identity" else 8.0 * workload.n_cells ** 2
+
+
+#: the request's own Python objects besides the steps (parsed batch, compiled workload,
+#: result conversion): about 0.5 MiB on the smallest batches
+REQUEST_OVERHEAD_BYTES = 2 ** 19
+
+
+def _over_in_total(total: planning.Cost, limits: planning.Limits) -> str | None:
+    if total.memory > limits.max_memory:
+        return (f"would bring the request to about {planning.show_bytes(total.memory)} "
+                f"held at once, over max_memory = {planning.show_bytes(limits.max_memory)}")
+    if total.seconds > limits.time_limit:
+        return (f"would take the request to about {total.seconds:.3g} s in total, "
+                f"over time_limit = {limits.time_limit:g} s")
+    return None
+
+
+def request_cost(workload: Workload, names: list) -> planning.Cost:
+    """The whole request as :func:`screen` admits it: its peak memory (the largest step plus
+    what every kept candidate holds until the choice, :func:`held`) and its total time
+    (release, bound, every candidate kept)."""
+    kept, _ = screen(workload, names, True)
+    steps = [release(workload)] + [predicted(workload, f, n, s) for f, n, s in kept]
+    if bound_fits(workload) is None:
+        steps.append(_bound(workload))
+    memory = (max(c.memory for c in steps) + sum(held(workload, n) for _, n, _ in kept)
+              + REQUEST_OVERHEAD_BYTES)
+    return planning.Cost(memory, sum(c.seconds for c in steps))
 
 
 def too_large(workload: Workload, why: str) -> BatchTooLarge:

@@ -55,6 +55,16 @@ DENSE_SECONDS_PER_ENTRY = 1.5e-7
 SPARSE_SECONDS_PER_OP = 2.2e-9
 #: seconds per unit x part of the compile step's per-column grouping (numpy compares)
 COMPILE_SECONDS_PER_PAIR = 1.5e-9
+#: seconds per exact noise draw (OpenDP's samplers: discrete Gaussian ~12 µs, discrete
+#: Laplace ~8 µs per value, measured on 10^3..5·10^4 draws)
+NOISE_SECONDS_PER_DRAW = 1.2e-5
+#: seconds per answer of the result tables (columns built in Python, one INSERT ... unnest,
+#: the ledger's release_tables row) and of the least-squares answers
+WRITE_SECONDS_PER_ANSWER = 2e-5
+#: seconds per row of the protected table scanned for the data vector (one GROUP BY)
+SCAN_SECONDS_PER_ROW = 2e-7
+#: fixed seconds of a release: the charge's and the results' transactions, the scan's set-up
+RELEASE_FIXED_SECONDS = 0.1
 
 
 @dataclass(frozen=True)
@@ -117,14 +127,30 @@ class Cost:
         return None
 
 
-def bound_cost(n: int, m: int, nnz: int, gram_ops: float = 0.0) -> Cost:
+def time_features(k3: float, nnz_n: float, mn: float, nnz: float) -> tuple:
+    """What a step's time is fitted on: (1, the cubic term n³ or k³, nnz·n (the sparse W
+    against a dense n x n factor) or the Gram's multiply-adds, m·n, nnz)."""
+    return (1.0, float(k3), float(nnz_n), float(mn), float(nnz))
+
+
+def _fitted(key: str, seconds: float, features: tuple, fitted: bool) -> float:
+    """A step's time: the calibrated coefficients of :data:`TIME_FIT` on ``features`` when
+    there are some (and ``fitted``), else the model's own ``seconds``."""
+    if not fitted or key not in TIME_FIT:
+        return seconds
+    return sum(c * f for c, f in zip(TIME_FIT[key], features))
+
+
+def bound_cost(n: int, m: int, nnz: int, gram_ops: float = 0.0, fitted: bool = True) -> Cost:
     """The singular value bound: eigenvalues of the smaller of ``W Wᵀ`` (m × m) and
     ``V = WᵀW`` (n × n), dense. The sparse product is formed first: copies of ``W``
     (``12·nnz`` bytes), ``gram_ops`` multiply-adds (``Σ nnz(row)²`` over the side summed;
     :func:`gram_ops`) and up to ``k²`` stored entries."""
     k = min(m, n)
     memory = 24.0 * k * k + 12.0 * nnz
-    return Cost(memory, 0.01 + 4.0 * k ** 3 / FLOPS + SPARSE_SECONDS_PER_OP * gram_ops)
+    return Cost(memory, _fitted("svdb", 0.01 + 4.0 * k ** 3 / FLOPS
+                                + SPARSE_SECONDS_PER_OP * gram_ops,
+                                time_features(k ** 3, gram_ops, m * n, nnz), fitted))
 
 
 def gram_ops(W) -> float:
@@ -151,7 +177,27 @@ _SHAPES = {
 }
 
 
-def candidate_cost(name: str, n: int, m: int, nnz: int, estimated_seconds: float = 0.0) -> Cost:
+#: per step, the seconds per unit of each of :func:`time_features` (fixed, n³, nnz·n, m·n,
+#: nnz): fitted by ``python benchmarks/limits.py --fit`` (non-negative least squares on the
+#: relative error of process CPU time on one core) over twenty random batches: 96..1,000
+#: cells and 48..1,600 queries of mixed intervals and scattered sets, and marginals over 3-5
+#: made-up columns of 2..12 values (60..1,320 cells) — never the CUBE and all-range batches
+#: the benchmark reports; a step not listed keeps the model's own constants
+TIME_FIT: dict[str, tuple[float, ...]] = {   # the fit's worst ratio on its own batches
+    "svdb": (0.000554, 5.26e-11, 1.95e-09, 4.54e-09, 0),                  # 2.10
+    "identity": (0.000295, 0, 0, 0, 3.29e-09),                            # 1.66
+    "workload": (0.000871, 5.09e-11, 6.28e-10, 1.41e-08, 1.62e-07),       # 7.24
+    "hierarchical": (0.00248, 6.96e-11, 7.76e-10, 2.3e-08, 2.74e-08),     # 1.54
+    "wavelet": (0.00175, 3.9e-11, 0, 2.65e-08, 3.17e-08),                 # 1.78
+    "fourier": (0.00096, 9.35e-11, 6.95e-10, 1.99e-08, 5.75e-08),         # 1.74
+    "eigen": (0.00113, 1.81e-10, 7.94e-10, 3.53e-08, 2.28e-07),           # 2.78
+    "optimal": (0.00166, 1.25e-10, 2.74e-09, 6.14e-08, 3.98e-08),  # 202: iterative, uneven
+    "eigen/laplace": (0.0859, 5.2e-10, 0, 5.72e-08, 8.55e-07),            # 1.64
+}
+
+
+def candidate_cost(name: str, n: int, m: int, nnz: int, estimated_seconds: float = 0.0,
+                   fitted: bool = True) -> Cost:
     """A candidate's plan and least-squares error factors: the strategy's dense matrices
     (``A`` p × n, Gram and Cholesky factor n × n), the dense ``W`` (m × n) solved against the
     factor and its result (``2·m·n·8`` bytes, ``m·n²`` flops). The identity needs only the
@@ -160,12 +206,30 @@ def candidate_cost(name: str, n: int, m: int, nnz: int, estimated_seconds: float
     when larger)."""
     square, rows, cube, solves, fixed = _SHAPES.get(name, (6, 2.0, 12.0, 4.0, 0.5))
     if square == 0:
-        return Cost(24.0 * nnz + 8.0 * (m + n), 2e-8 * nnz)
+        return Cost(24.0 * nnz + 8.0 * (m + n),
+                    _fitted(name, 2e-8 * nnz, time_features(0, 0, 0, nnz), fitted))
     workload_rows = m if name == "workload" else 0
     memory = 8.0 * (square * n * n + (rows * n + workload_rows) * n + 2.0 * m * n)
     seconds = (fixed + (cube * n ** 3 + solves * m * n * n + 2.0 * rows * n ** 3) / FLOPS
                + DENSE_SECONDS_PER_ENTRY * float(m) * n)
-    return Cost(memory, max(seconds, float(estimated_seconds)))
+    features = time_features(float(n) ** 3, float(nnz) * n, float(m) * n, nnz)
+    return Cost(memory, max(_fitted(name, seconds, features, fitted),
+                            float(estimated_seconds)))
+
+
+def release_cost(n: int, m: int, rows: int | None = None) -> Cost:
+    """The release after planning: the kernel (the data vector, ``A x`` and up to
+    ``2·max(n, m)`` exact noise draws: the measurements of any candidate), the least-squares
+    answers (``m``) and the result tables' write. The data-vector scan grows with the table's
+    rows, which are private unless the policy declares them (``rows``): a refusal before the
+    charge may depend on public inputs only, so without ``rows`` only the per-cell part is
+    predicted (the scan of a table that fits in memory is seconds per 10^7 rows)."""
+    p = 2.0 * max(n, m)
+    memory = 8.0 * (4.0 * n + 3.0 * p + 6.0 * m)
+    seconds = (RELEASE_FIXED_SECONDS + NOISE_SECONDS_PER_DRAW * p
+               + WRITE_SECONDS_PER_ANSWER * m + 2.0 * (p * n + m * n) / FLOPS
+               + (SCAN_SECONDS_PER_ROW * rows if rows else 0.0))
+    return Cost(memory, seconds)
 
 
 def compile_seconds(units: int, parts: int) -> float:
