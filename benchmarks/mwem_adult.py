@@ -114,7 +114,6 @@ sys.path.insert(0, str(ROOT))
 
 import dpsql  # noqa: E402
 from dpsql.mechanisms import catalog as adaptive
-from dpsql.store import database as engine
 from dpsql.engines import duckdb as data_engine
 from dpsql.mechanisms import matrix as selection
 from dpsql.workload.domain import CategoricalDomain, IntegerDomain  # noqa: E402

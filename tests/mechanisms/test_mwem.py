@@ -13,6 +13,7 @@ import pytest
 import scipy.sparse as sp
 
 from dpsql.errors import DpsqlError, PrivacyParameterError, StrategyError
+from dpsql.mechanisms.mwem import defaults
 from dpsql.mechanisms.mwem.core import (
     Block,
     CandidateGroups,
@@ -435,7 +436,8 @@ def test_auto_rounds_follow_the_doubling_rule(offset, stages, expected_T):
     oracle = EchoOracle(offset)
     eps = Fraction(2)
     result = run_mwem([Block(W, [], 64)], eps, oracle,
-                      MWEMOptions(rounds="auto", max_stages=stages, total=1000, replay=0))
+                      MWEMOptions(rounds="auto", max_stages=stages, total=1000, replay=0,
+                                  measure="query"))
     assert result.rounds == expected_T
     assert sum(oracle.spends) == eps
     per_round = [2 * e for k, _, e in result.spends if k == "select"]
@@ -568,8 +570,9 @@ def test_option_validation(kwargs, error, match):
 
 def test_option_defaults():
     opts = MWEMOptions()
-    assert (opts.rounds, opts.iterate, opts.replay, opts.cuboids) == ("auto", "last", 10, False)
-    assert opts.total is None and opts.total_share == Fraction(1, 20)
+    assert (opts.rounds, opts.iterate, opts.replay, opts.cuboids, opts.measure) == \
+        ("rule", "last", defaults.REPLAY, False, "partition")
+    assert opts.total is None and opts.total_share == defaults.TOTAL_SHARE
     assert MWEMOptions(total=50).total_share == 0
     assert MWEMOptions(init_share=0.1).init_share == Fraction(1, 10)
 
