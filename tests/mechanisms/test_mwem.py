@@ -604,3 +604,39 @@ def test_block_and_run_validation():
 
 def test_mwem_module_is_public_only():
     assert not (_closure("dpsql.mechanisms.mwem.core") & FORBIDDEN)
+
+
+# ---------------------------------------------------------------------------------------
+# The default rule for T (issue 21): from ε and N alone, N possibly the run's noisy estimate
+
+
+def test_default_rounds_grow_with_the_signal_and_stay_clamped():
+    values = [defaults.default_rounds(eps, 10_000) for eps in (0.001, 0.01, 0.1, 1, 100)]
+    assert values == sorted(values) and values[0] == defaults.T_MIN
+    assert values[-1] == defaults.T_MAX
+    T = defaults.default_rounds(Fraction(1, 10), 30_000)
+    assert T == round(defaults.RULE_C * 3000 ** defaults.RULE_A)
+    # K blocks: each gets the rule at ε_R N / K
+    assert defaults.default_rounds(0.1, 30_000, 3) == 3 * defaults.default_rounds(0.1, 10_000)
+    assert defaults.max_rounds(3) == 3 * defaults.T_MAX
+    assert defaults.default_rounds(0.1, 0.0) == defaults.T_MIN      # N floored at 1
+
+
+@pytest.mark.parametrize("total", [None, 5000.0])
+def test_the_default_run_takes_the_rules_T_on_its_own_N(total):
+    n = 64
+    rng = np.random.default_rng(3)  # test data only
+    x = rng.multinomial(5000, rng.dirichlet(np.ones(n))).astype(float)
+    W = sp.csr_matrix(np.tril(np.ones((n, n))))
+    eps = Fraction(1, 2)
+    result = run_mwem([Block(W, [], n)], eps, SeededOracle([x], seed=4),
+                      MWEMOptions(total=total, replay=2))
+    eps_rounds = eps * (1 - (defaults.TOTAL_SHARE if total is None else 0))
+    assert result.rounds == defaults.default_rounds(eps_rounds, result.total, 1)
+    assert (result.total == 5000.0) == (total is not None)
+    assert result.epsilon == eps
+    assert any("default rule" in note for note in result.notes)
+    # the checks before the charge assume the rule's largest T: every step gets at least
+    from dpsql.mechanisms.mwem.options import step_epsilons
+    smallest = step_epsilons([Block(W, [], n)], eps, MWEMOptions(total=total))["round"]
+    assert all(e >= smallest for kind, _, e in result.spends if kind in ("select", "measure"))
