@@ -19,7 +19,7 @@ rectangles for 2-D. ``N`` ∈ {10,000, 50,000}; ε ∈ {0.01, 0.05, 0.1, 0.5}.
 ``--part rounds``: for each (data, N, ε) the mean MSE over ``R`` runs of every T in the grid,
 both ``measure="query"`` and ``"partition"``, N public, ``replay = 100``; prints the best T per
 configuration and the (ε N) the rule uses. ``--part share``: at the rule's T, the MSE with N
-public against N estimated with share s of ε, s ∈ {1/40, 1/20, 1/10}.
+public against N estimated with share s of ε, s ∈ {1/40, 1/20, 1/10, 1/5}.
 
 MeasureOracle is the kernel's own class with the seeded test sampler (not private: a study).
 Process CPU time is printed (the machine is shared; wall time is not meaningful).
@@ -28,6 +28,7 @@ Process CPU time is printed (the machine is shared; wall time is not meaningful)
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -139,44 +140,82 @@ def part_rounds(runs: int, measures=("query", "partition"), skip: int = 0) -> No
                           flush=True)
 
 
-def part_share(runs: int) -> None:
-    from dpsql.mechanisms.mwem.defaults import default_rounds
-    print(f"share: mean MSE over {runs} runs at the rule's T (N public: T from N; N "
-          f"estimated: T from the noisy N), measure=partition, replay={REPLAY}; columns: N "
-          f"public, then s in 1/40, 1/20, 1/10 (ratio to N public)")
+SHARES = (Fraction(1, 40), Fraction(1, 20), Fraction(1, 10), Fraction(1, 5))
+
+
+def part_share(runs: int, skip: int = 0) -> None:
+    """N public (T by the rule on the true N) against N estimated with share s of ε (T by
+    the rule on the noisy N, as an analyst's run does), measure=partition, replay=REPLAY."""
+    from dpsql.mechanisms.mwem import defaults
+    print(f"share: mean MSE over {runs} runs with the default options (rounds='rule', "
+          f"replay={defaults.REPLAY}, measure='partition'); columns: T (N public), MSE with N "
+          f"public, then N estimated with s in {[str(v) for v in SHARES]} (ratio to N public)")
     rng = np.random.default_rng(7)
-    for label, p, W, shape in cases():
+    for i, (label, p, W, shape) in enumerate(cases()):
         for total in TOTALS:
             x = counts(p, total, rng)
+            if i < skip:
+                continue
             for eps in EPSILONS:
-                T = default_rounds(eps, float(x.sum()), 1)
-                base = np.mean([mse(W, x, shape, eps, 1000 * r, rounds=T, replay=REPLAY,
-                                    total=float(x.sum()), measure="partition")
+                T = defaults.default_rounds(eps, float(x.sum()), 1)
+                base = np.mean([mse(W, x, shape, eps, 1000 * r, total=float(x.sum()))
                                 for r in range(runs)])
-                row = []
-                for s in (Fraction(1, 40), Fraction(1, 20), Fraction(1, 10)):
-                    vals = [mse(W, x, shape, eps, 1000 * r, rounds="auto", replay=REPLAY,
-                                total=None, total_share=s, measure="partition")
-                            for r in range(runs)]
-                    row.append(float(np.mean(vals)) / base)
+                row = [np.mean([mse(W, x, shape, eps, 1000 * r, total_share=s)
+                                for r in range(runs)]) / base for s in SHARES]
                 print(f"{label:<14} N={total:<6} eps={eps:<5} T={T:<3} {base:.3g} "
                       + " ".join(f"x{v:.2f}" for v in row), flush=True)
+
+
+def fit(paths) -> None:
+    """Fit ``T_block = C (ε N)^A`` to the rounds table(s) (``--part rounds`` output): the
+    (C, A) on a grid minimising the mean over configurations of log(MSE(T_rule) / min MSE),
+    the MSE at T_rule interpolated linearly in (log T, log MSE) between the grid's T values
+    (``partition`` rows: the default measurement)."""
+    rows = []
+    for path in paths:
+        for text in open(path, encoding="utf-8"):
+            parts = text.split()
+            if "partition" not in parts or "best" not in parts:
+                continue
+            eN = float(next(p for p in parts if p.startswith("eN=")).split("=")[1])
+            rows.append((eN, np.log([float(v) for v in parts[-len(T_GRID):]])))
+    logT = np.log(T_GRID)
+    best = None
+    for C in np.arange(0.05, 1.5, 0.01):
+        for A in np.arange(0.2, 0.8, 0.01):
+            loss = 0.0
+            for eN, logm in rows:
+                T = min(max(C * eN ** A, T_GRID[0]), T_GRID[-1])
+                loss += float(np.interp(np.log(T), logT, logm) - logm.min())
+            if best is None or loss < best[0]:
+                best = (loss, C, A)
+    loss, C, A = best
+    print(f"fit over {len(rows)} configurations: C = {C:.2f}, A = {A:.2f}; mean MSE(T_rule) / "
+          f"min over the grid = exp({loss / len(rows):.3f}) = {math.exp(loss / len(rows)):.2f}")
+    for eN, logm in rows:
+        T = min(max(C * eN ** A, T_GRID[0]), T_GRID[-1])
+        ratio = math.exp(float(np.interp(np.log(T), logT, logm) - logm.min()))
+        print(f"  eN={eN:<8g} T_rule={T:5.1f} best grid T={T_GRID[int(np.argmin(logm))]:<3} "
+              f"MSE ratio {ratio:.2f}")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--part", choices=("rounds", "share"), default="rounds")
+    ap.add_argument("--part", choices=("rounds", "share", "fit"), default="rounds")
+    ap.add_argument("--tables", nargs="*", default=[], help="--part fit: rounds output files")
     ap.add_argument("--measures", nargs="*", default=["query", "partition"])
     ap.add_argument("--skip", type=int, default=0, help="skip the first k data sets")
     args = ap.parse_args(argv)
     started = time.process_time()
     print(f"# python benchmarks/mwem_defaults.py --part {args.part} --runs {args.runs}; "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
-    if args.part == "rounds":
+    if args.part == "fit":
+        fit(args.tables)
+    elif args.part == "rounds":
         part_rounds(args.runs, tuple(args.measures), args.skip)
     else:
-        part_share(args.runs)
+        part_share(args.runs, args.skip)
     print(f"process CPU time {time.process_time() - started:.1f}s")
     return 0
 
