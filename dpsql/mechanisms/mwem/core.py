@@ -120,7 +120,7 @@ exactly after every pass); a single 0/1 row on a *box* of cells — a range, or 
 in C order: equal runs at a constant stride — is one scalar step on a strided view
 (``w *= e^s``, no gather, no ``exp`` per cell). The per-round estimates ``W_g A_g`` use
 prefix sums when every row of a block is a 0/1 interval of cells (range queries): 50
-rounds on 1024 cells and 20 000 range queries with the default ``replay`` take well under
+rounds on 1024 cells and 20 000 range queries with ``replay = 10`` take well under
 a second; on Adult (benchmarks/mwem_adult.py, shared machine) 40 rounds with
 ``replay = 300`` take about 2 s over all 9.5 M ranges of 4,357 cells and about 4 s over
 2,000 rectangles of 7,326 cells.
