@@ -3,6 +3,8 @@
 
     python benchmarks/mwem_adult.py [--quick] [--runs N] [--epsilons E ...] [--no-e2e]
     python benchmarks/mwem_adult.py --only b-counts     # only the (b)-by-count table
+    python benchmarks/mwem_adult.py --only defaults     # issue 21: the defaults, first
+    python benchmarks/mwem_adult.py --only defaults --hindsight-from benchmarks/results/mwem_adult.txt
     python benchmarks/mwem_adult.py | tee benchmarks/results/mwem_adult.txt    # the full run
 
 Data: ``../shared/data/adult.csv`` when present (developer checkouts), else the copy shipped
@@ -87,6 +89,18 @@ End to end. Workload (b+), ε = 0.1, the best T found for it, also runs through
 replay=300, init=marginals, init_share=0.5, measure=partition)")`` on a DuckDB file holding
 Adult, with the real secure sampler (OpenDP).
 
+Defaults (``--only defaults``, issue 21). What an analyst gets from ``strategy="mwem"``
+with no options on a policy that does not declare the row count: ``MWEMOptions()`` —
+``rounds="rule"`` (T from ε and the run's own noisy N, :mod:`dpsql.mechanisms.mwem.defaults`,
+fitted on synthetic data by ``benchmarks/mwem_defaults.py`` and committed before this table
+was first run), ``replay = 100``, ``measure="partition"``, N estimated with 1/20 of ε, δ = 0
+— on (a') and (b) at ε ∈ {0.01, 0.05, 0.1}, 10 runs. The default row comes first; the row
+after it is the main table's MWEM at its best T in hindsight (replay = 300, single-query
+measurement, N public; the same seeds as the main table, so the figures repeat it). Checks:
+default ≤ 1.5 × hindsight everywhere, and below the (ε,δ) svdb with ``P = 2 ln(2/δ)/ε²``,
+δ = 1e-6, at ε ∈ {0.05, 0.1} on (a'). The main table's workloads keep ``measure="query"``
+explicitly, so their rows mean what they meant before the defaults changed.
+
 A benchmark, not a test: it always exits 0. The machine load is printed (shared machine).
 """
 
@@ -114,7 +128,6 @@ sys.path.insert(0, str(ROOT))
 
 import dpsql  # noqa: E402
 from dpsql.mechanisms import catalog as adaptive
-from dpsql.store import database as engine
 from dpsql.engines import duckdb as data_engine
 from dpsql.mechanisms import matrix as selection
 from dpsql.workload.domain import CategoricalDomain, IntegerDomain  # noqa: E402
@@ -138,7 +151,7 @@ EPSILONS = (0.01, 0.05, 0.1, 0.5, 1.0)
 ROUNDS = (5, 10, 20, 40)
 RUNS = 10
 REPLAY = 300                 # (a), (a'), (b); fixed in advance (see the docstring)
-DEFAULT_REPLAY = 10          # dpsql's MWEMOptions default, shown as a check
+DEFAULT_REPLAY = 10          # dpsql's MWEMOptions default before issue 21, shown as a check
 E2E_EPSILON = 0.1
 
 CL_MAX = 4356                             # capital_loss 0..4356, step 1
@@ -350,7 +363,7 @@ def build_b(con, policy, independents: bool = True) -> Case:
     cands, skipped = independent(info) if independents else ([], [])
     return Case(B_LABEL, blocks, xs, [blocks[0].W @ xs[0]],
                 workload.n_queries, workload.n_cells, selection.svdb(info), cands,
-                skipped, {"replay": REPLAY}, ROUNDS,
+                skipped, {"replay": REPLAY, "measure": "query"}, ROUNDS,
                 describe=f"{N_RECT} random rectangles (seed {RECT_SEED}), compiled "
                          f"to shape {workload.shape}")
 
@@ -452,7 +465,7 @@ def build_cases(con, policy, quick: bool) -> list:
     cases.append(Case("(a) capital_loss all ranges", [RangeBlock(n)], [x],
                       [interval_answers(np.concatenate([[0.0], np.cumsum(x)]))],
                       n * (n + 1) // 2, n, all_ranges_svdb(n), cands, skipped,
-                      {"replay": REPLAY}, ROUNDS,
+                      {"replay": REPLAY, "measure": "query"}, ROUNDS,
                       f"RangeBlock({n}): every range, implicit"))
     print(f"  (a) built in {time.perf_counter() - started:.1f}s", flush=True)
     started = time.perf_counter()
@@ -463,7 +476,7 @@ def build_cases(con, policy, quick: bool) -> list:
     lam = np.linalg.eigvalsh((W @ W.T).toarray())
     cases.append(Case("(a') capital_loss 2000 ranges", [Block(W, [], n)], [x], [W @ x],
                       W.shape[0], n, selection.bounds.svdb_from_eigenvalues(lam, n), cands,
-                      skipped, {"replay": REPLAY}, ROUNDS,
+                      skipped, {"replay": REPLAY, "measure": "query"}, ROUNDS,
                       describe=f"{N_RANGES} random ranges (seed {RANGE_SEED}) on unit cells"))
     print(f"  (a') built in {time.perf_counter() - started:.1f}s", flush=True)
     started = time.perf_counter()
@@ -495,7 +508,7 @@ def build_cases(con, policy, quick: bool) -> list:
                 [np.asarray(b.W @ x, dtype=float) for b, x in zip(blocks, xs)],
                 workload.n_queries, workload.n_cells,
                 selection.svdb(selection.workload_info(workload)), cands, skipped,
-                {"cuboids": True, "replay": 30}, (5, 10, 20),
+                {"cuboids": True, "replay": 30, "measure": "query"}, (5, 10, 20),
                 describe=f"15 GROUP BY marginals, shape {workload.shape}")
     name, mse = case.best_independent(0.1)          # rescaled == a direct select at ε=0.1
     direct = selection.select(None, policy, workload, 0.1, 0, "auto", "analytic")
@@ -548,10 +561,11 @@ def describe(options: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in options.items())
 
 
-def sweep(case, wi, eps_grid, rounds, runs, options, tag=0):
-    """{(ε, T): (mean MSE, standard error)} over `runs` seeded runs each."""
+def sweep(case, wi, eps_grid, rounds, runs, options, tag=0, first=0):
+    """{(ε, T): (mean MSE, standard error)} over `runs` seeded runs each; ``first``: the
+    index of ``eps_grid[0]`` in the full grid (the seeds use it)."""
     out = {}
-    for ei, eps in enumerate(eps_grid):
+    for ei, eps in enumerate(eps_grid, start=first):
         started = time.perf_counter()
         for T in rounds:
             vals = [case.mwem_mse(eps, T, seed_of(tag, wi, ei, T, r), **options)
@@ -564,6 +578,122 @@ def sweep(case, wi, eps_grid, rounds, runs, options, tag=0):
     return out
 
 
+# ------------------------------------------------------------------- issue 21: the defaults
+
+#: the issue's ε grid, its δ for the (ε,δ) bound, and its factor over hindsight
+DEFAULTS_EPSILONS = (0.01, 0.05, 0.1)
+DELTA_ISSUE = 1e-6
+HINDSIGHT_FACTOR = 1.5
+
+
+def build_defaults_cases(con, policy) -> list:
+    """(a') and (b), without the data-independent strategies (the defaults table needs
+    MWEM, its hindsight rows and svdb only)."""
+    n = CL_MAX + 1
+    x = data_vector(con, policy, [("capital_loss", np.arange(n))], n)
+    lo, hi = random_ranges(N_RANGES, n, RANGE_SEED)
+    W = range_rows(lo, hi, n)
+    lam = np.linalg.eigvalsh((W @ W.T).toarray())
+    a = Case("(a') capital_loss 2000 ranges", [Block(W, [], n)], [x], [W @ x], W.shape[0], n,
+             selection.bounds.svdb_from_eigenvalues(lam, n), [], [],
+             {"replay": REPLAY, "measure": "query"}, ROUNDS)
+    return [a, build_b(con, policy, independents=False)]
+
+
+def default_mse(case: Case, eps: float, seed: int) -> tuple[float, int]:
+    """(MSE, T) of one run with the analyst's defaults: ``MWEMOptions()``, N not declared
+    (estimated by the run, default share), δ = 0."""
+    oracle = MeasureOracle(case.xs, SeededTestSampler(seed), Fraction(repr(eps)))
+    result = run_mwem(case.blocks, Fraction(repr(eps)), oracle, MWEMOptions())
+    err = np.concatenate([a - t for a, t in zip(result.answers, case.truth)])
+    return float(np.mean(err ** 2)), result.rounds
+
+
+def hindsight_from(path: str, cases, runs: int) -> dict:
+    """The main table's best-T rows ``{(label, ε): (mse, se, [T])}`` read from a results
+    file of a full run (same code path and seeds as :func:`sweep`), and a reproducibility
+    check: (a')'s best-T point recomputed here (cheap: T <= 10) must match it."""
+    out = {}
+    for text in open(path, encoding="utf-8"):
+        for case in cases:
+            if not text.startswith(case.label + " ") or "±" not in text:
+                continue
+            head, tail = text[len(case.label):].split("±", 1)
+            eps, mse = (float(v) for v in head.split())
+            se, T = tail.split()[:2]
+            if eps in DEFAULTS_EPSILONS:
+                out.setdefault((case.label, eps), (mse, float(se), [int(T)]))
+    case = cases[0]
+    for ei, eps in enumerate(DEFAULTS_EPSILONS):
+        mse, _, (T,) = out[(case.label, eps)]
+        again = sweep(case, 1, (eps,), (T,), runs, case.options, first=ei)[(eps, T)][0]
+        same = abs(again / mse - 1) < 1e-3
+        print(f"  reproduced {case.label} ε={eps:g} T={T}: {again:.4g} against the file's "
+              f"{mse:.4g} ({'same' if same else 'DIFFERENT'})", flush=True)
+    return out
+
+
+def defaults_table(con, policy, runs: int, from_file: str | None = None) -> None:
+    """Issue 21's table: the default row first, the best T in hindsight after, the checks.
+    ``from_file``: take the hindsight rows from a full run's results file (see
+    :func:`hindsight_from`) instead of recomputing the whole T grid."""
+    from dpsql.mechanisms.mwem import defaults
+    cases = build_defaults_cases(con, policy)
+    print(f"Defaults (issue 21): MWEMOptions() = rounds='rule', replay={defaults.REPLAY}, "
+          f"measure='partition', N estimated with ε·{defaults.TOTAL_SHARE} (the policy "
+          f"declares no row count), δ = 0; {runs} runs. Hindsight: the main table's MWEM "
+          f"(replay={REPLAY}, measure='query', N public), best T of {list(ROUNDS)} chosen "
+          f"after seeing the errors. svdb (ε,δ) with P = 2 ln(2/δ)/ε², δ = {DELTA_ISSUE:g}.",
+          flush=True)
+    started = time.process_time()
+    results = {}
+    stored = hindsight_from(from_file, cases, runs) if from_file else None
+    for wi, case in zip((1, 2), cases):          # the main table's indices: same seeds
+        for ei, eps in enumerate(DEFAULTS_EPSILONS):
+            pairs = [default_mse(case, eps, seed_of(21, wi, ei, r)) for r in range(runs)]
+            vals = [v for v, _ in pairs]
+            Ts = sorted({t for _, t in pairs})
+            results[(case.label, eps, "default")] = (
+                float(np.mean(vals)), float(np.std(vals, ddof=1) / math.sqrt(runs)), Ts)
+            print(f"  default {case.label} ε={eps:g}: {results[(case.label, eps, 'default')][0]:.4g}"
+                  f" (T {Ts})", flush=True)
+        if stored is not None:
+            for eps in DEFAULTS_EPSILONS:
+                results[(case.label, eps, "hindsight")] = stored[(case.label, eps)]
+            continue
+        hind = sweep(case, wi, DEFAULTS_EPSILONS, ROUNDS, runs, case.options)
+        for eps in DEFAULTS_EPSILONS:
+            T = min(ROUNDS, key=lambda t: hind[(eps, t)][0])
+            results[(case.label, eps, "hindsight")] = hind[(eps, T)] + ([T],)
+    header = (f"{'workload':<30} {'ε':>5} {'row':<22} {'MSE':>10} {'±':>8} {'T':>9} "
+              f"{'/hindsight':>10} {'svdb (ε,δ)':>10} {'/svdb':>6}")
+    print()
+    print(header)
+    print("-" * len(header))
+    verdicts = []
+    for case in cases:
+        for eps in DEFAULTS_EPSILONS:
+            bound = 2.0 * math.log(2.0 / DELTA_ISSUE) / eps ** 2 * case.svdb / case.m
+            hmse = results[(case.label, eps, "hindsight")][0]
+            for kind in ("default", "hindsight"):
+                mse, se, Ts = results[(case.label, eps, kind)]
+                what = ("DEFAULT (no tuning)" if kind == "default"
+                        else "best T in hindsight")
+                print(f"{case.label:<30} {eps:>5g} {what:<22} {mse:>10.4g} {se:>8.2g} "
+                      f"{','.join(map(str, Ts)):>9} {mse / hmse:>10.2f} {bound:>10.4g} "
+                      f"{mse / bound:>6.2f}")
+            mse = results[(case.label, eps, "default")][0]
+            verdicts.append((f"{case.label} ε={eps:g}: default <= {HINDSIGHT_FACTOR} x "
+                             f"hindsight", mse <= HINDSIGHT_FACTOR * hmse))
+            if case.label.startswith("(a')") and eps >= 0.05:
+                verdicts.append((f"{case.label} ε={eps:g}: default below svdb (ε,δ={DELTA_ISSUE:g})",
+                                 mse < bound))
+    print()
+    for text, ok in verdicts:
+        print(f"  {'met   ' if ok else 'MISSED'} {text}")
+    print(f"defaults table: {time.process_time() - started:.1f} s process CPU time")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true",
@@ -572,7 +702,10 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, help=f"MWEM runs per (ε, T) (default {RUNS})")
     ap.add_argument("--epsilons", type=float, nargs="*", help=f"ε grid (default {EPSILONS})")
     ap.add_argument("--no-e2e", action="store_true", help="skip the end-to-end release")
-    ap.add_argument("--only", choices=["b-counts"],
+    ap.add_argument("--hindsight-from", metavar="RESULTS",
+                    help="--only defaults: read the hindsight rows from a full run's results "
+                         "file (e.g. benchmarks/results/mwem_adult.txt) instead of the T grid")
+    ap.add_argument("--only", choices=["b-counts", "defaults"],
                     help="b-counts: only the (b)-by-number-of-rectangles table (the paper's "
                          "Figure 2 (1)); no other workload, no end-to-end run")
     args = ap.parse_args(argv)
@@ -596,6 +729,12 @@ def main(argv=None) -> int:
     policy = load_policy({"tables": {"adult": POLICY}})["adult"]
     con = duckdb.connect()
     con.execute("CREATE TABLE adult AS SELECT * FROM read_csv(?, header = true)", [csv])
+    if args.only == "defaults":
+        defaults_table(con, policy, runs, args.hindsight_from)
+        con.close()
+        print(f"total wall time {time.perf_counter() - t_start:.1f}s; load average at end "
+              f"{load_text()}")
+        return 0
     if args.only == "b-counts":
         started = time.perf_counter()
         case = build_b(con, policy, independents=False)
@@ -628,7 +767,8 @@ def main(argv=None) -> int:
         main_runs[case.label] = sweep(case, wi, eps_grid, rounds, runs, case.options)
         if not case.options.get("cuboids") and "+" not in case.label:
             default_runs[case.label] = sweep(case, wi, eps_grid, rounds, runs,
-                                             {"replay": DEFAULT_REPLAY}, tag=1)
+                                             {"replay": DEFAULT_REPLAY, "measure": "query"},
+                                             tag=1)
     mwem_seconds = time.perf_counter() - started
     n_runs = runs * len(eps_grid) * sum(len(main_runs[c.label]) // len(eps_grid)
                                         * (1 + (c.label in default_runs)) for c in cases)

@@ -1,6 +1,7 @@
 """Error and selection time of every strategy on the benchmark workloads (issue 3's table).
 
     python benchmarks/strategies.py [--quick] [--only NAME ...] [--max-n N] [--coa-cold-max N]
+    python benchmarks/strategies.py --targets      # issue 21's speed targets, process CPU time
 
 For each workload and strategy it prints the expected workload RMSE at ε = 0.5, δ = 1e-4
 with the paper's calibration σ = Δ·√(2 ln(2/δ))/ε (Li & Miklau; for comparability with the
@@ -10,6 +11,16 @@ select the strategy. Workloads: all-range queries on n ∈ {256, 1024, 2048, 409
 (CDF) queries on n = 1024, all 2-way marginals on 4 attributes of size 8, 64 random
 predicate queries on n = 64, the all-range workload with permuted cells, and three SQL
 batches on the Adult data. A benchmark, not a test: it always exits 0.
+
+Seconds are **process CPU time** (``time.process_time``: all threads of this process; the
+machine is shared, so wall time says more about the neighbours than about the code).
+
+``--targets`` prints issue 21's speed table instead: ``optimal`` on all ranges (n = 1024,
+2048, 4096) and on 1,024 point queries + 1,500 random ranges (n = 1024), the whole
+``Session.explain`` of that batch as SQL (cold: a fresh database, its parse memo cleared), and
+``coa`` (warm-started from ``optimal``, its default) on all ranges and on points + random
+ranges at n = 1024 and 2048: its total against ``optimal``'s and its own Newton work after
+the warm start (``newton_seconds``). Each line says whether its target is met.
 
 ``coa`` (Yuan et al.'s Newton method) is run cold (from ``X = I``, through its homotopy) on
 workloads of at most ``--coa-cold-max`` cells (default 256); on larger ones a cold run
@@ -119,15 +130,113 @@ def evaluate(name: str, info: WorkloadInfo, warm_start=None):
         A = warm_start.A
         A = A.toarray() if hasattr(A, "toarray") else np.asarray(A)
         X0 = A.T @ A
-        t = time.perf_counter()
+        t = time.process_time()
         plan = strategy.plan(info, X0=X0)
     else:
-        t = time.perf_counter()
+        t = time.process_time()
         plan = strategy.plan(info)
-    seconds = time.perf_counter() - t
+    seconds = time.process_time() - t
     total = LeastSquares(plan).total_error_factor(info.V)
     rmse = SIGMA_1 * plan.sensitivity * math.sqrt(total / info.m)
     return rmse, seconds, plan
+
+
+def points_and_ranges(n: int = 1024, k: int = 1500, seed: int = 3):
+    """(WorkloadInfo, SQL): every point query and ``k`` random ranges over ``n`` cells."""
+    import scipy.sparse as sp
+    ends = np.sort(np.random.default_rng(seed).integers(0, n, (k, 2)), axis=1)  # workload
+    lo, hi = ends[:, 0], ends[:, 1]
+    lengths = hi - lo + 1
+    indptr = np.concatenate([[0], np.cumsum(lengths)])
+    cols = np.arange(indptr[-1]) - np.repeat(indptr[:-1] - lo, lengths)
+    R = sp.csr_matrix((np.ones(cols.size), cols, indptr), shape=(k, n))
+    W = sp.vstack([sp.identity(n, format="csr"), R]).tocsr()
+    sql = ([f"SELECT COUNT(*) FROM t WHERE x = {v}" for v in range(n)]
+           + [f"SELECT COUNT(*) FROM t WHERE x BETWEEN {a} AND {b}" for a, b in ends])
+    return WorkloadInfo.from_matrix(W, (n,)), sql
+
+
+def explain_seconds(sql: list, n: int) -> tuple[float, float]:
+    """(process CPU seconds of a cold Session.explain with strategy='optimal', of which the
+    optimal solver's)."""
+    import tempfile
+
+    import duckdb
+
+    import dpsql
+    from dpsql.sql import memo
+    from dpsql.strategies.gaussian import optimal
+    path = os.path.join(tempfile.mkdtemp(prefix="dpsql-bench-"), "e.duckdb")
+    con = duckdb.connect(path)
+    con.execute("CREATE TABLE t (x INTEGER)")
+    con.close()
+    db = dpsql.connect(path)
+    db.protect("t", {"epsilon": 10.0, "delta": 1e-5, "columns": {
+        "x": {"type": "integer", "min": 0, "max": n - 1, "step": 1}}})
+    memo.clear()
+    spent = [0.0]
+    solve = optimal.solve
+
+    def timed(*args, **kwargs):
+        t = time.process_time()
+        try:
+            return solve(*args, **kwargs)
+        finally:
+            spent[0] += time.process_time() - t
+    optimal.solve = timed
+    try:
+        t = time.process_time()
+        db.explain(sql, epsilon=1.0, delta=1e-6, strategy="optimal")
+        return time.process_time() - t, spent[0]
+    finally:
+        optimal.solve = solve
+        db.close()
+
+
+def targets() -> int:
+    """Issue 21's speed targets (process CPU seconds), each line with its verdict."""
+    def line(what, value, target, extra="", unit="s"):
+        ok = "ok" if value <= target else "MISSED"
+        print(f"{what:<52} {value:8.2f} {unit}  (target <= {target:g} {unit}) {ok}  {extra}",
+              flush=True)
+
+    print(f"issue 21 targets, process CPU seconds; load average {os.getloadavg()[0]:.2f} on "
+          f"{os.cpu_count()} CPUs (shared machine)")
+    info, sql = points_and_ranges()
+    for label, work, limit in [("all-range n=1024", lambda: all_range(1024), 1.5),
+                               ("all-range n=2048", lambda: all_range(2048), 8.0),
+                               ("all-range n=4096", lambda: all_range(4096), 45.0),
+                               ("1024 points + 1500 random ranges", lambda: info, 1.5)]:
+        w = work()
+        _ = w.V                                      # the Gram product is the workload's
+        t = time.process_time()
+        plan = REGISTRY["optimal"].plan(w)
+        notes = dict(plan.notes)
+        line(f"optimal {label}", time.process_time() - t, limit,
+             f"gap {notes['gap']:.2g}, {notes['iterations']} eigendecompositions")
+    total, solver = explain_seconds(sql, 1024)
+    line("explain 1024 points + 1500 ranges (SQL, cold)", total, 1.5,
+         f"of which the optimal solver {solver:.2f} s")
+    for label, work in [("all-range n=1024", lambda: all_range(1024)),
+                        ("all-range n=2048", lambda: all_range(2048)),
+                        ("points + random ranges n=1024", lambda: points_and_ranges(1024)[0]),
+                        ("points + random ranges n=2048",
+                         lambda: points_and_ranges(2048, 3000)[0])]:
+        w = work()
+        _ = w.V
+        t = time.process_time()
+        REGISTRY["optimal"].plan(w)
+        opt = time.process_time() - t
+        t = time.process_time()
+        plan = REGISTRY["coa"].plan(w)
+        coa = time.process_time() - t
+        notes = dict(plan.notes)
+        own_limit = 2.0 if w.n <= 1024 else 15.0
+        line(f"coa {label}: own Newton work", notes["newton_seconds"], own_limit,
+             f"{notes['iterations']} Newton steps, gap {notes['gap']:.2g}")
+        line(f"coa {label}: total / optimal's", coa / opt, 1.2,
+             f"(coa {coa:.2f} s, optimal {opt:.2f} s)", unit="x")
+    return 0
 
 
 def main(argv=None) -> int:
@@ -139,7 +248,10 @@ def main(argv=None) -> int:
     ap.add_argument("--coa-cold-max", type=int, default=256,
                     help="largest n on which coa runs cold; above it coa is warm-started "
                          "from optimal's strategy (default 256)")
+    ap.add_argument("--targets", action="store_true", help="issue 21's speed targets only")
     args = ap.parse_args(argv)
+    if args.targets:
+        return targets()
     max_n = min(args.max_n, 1024) if args.quick else args.max_n
     workloads = {f"all-range n={n}": (lambda n=n: all_range(n)) for n in (256, 1024, 2048, 4096)}
     workloads.update({
@@ -157,7 +269,7 @@ def main(argv=None) -> int:
     load = os.getloadavg()
     print(f"epsilon={EPSILON}, delta={DELTA}, paper calibration sigma = sqrt(2 ln(2/delta))"
           f"/epsilon per unit sensitivity; each cell: RMSE (ratio to svdb) and selection "
-          f"seconds; 'w': coa warm-started from optimal's strategy (n > {args.coa_cold_max}), "
+          f"seconds (process CPU time); 'w': coa warm-started from optimal's strategy (n > {args.coa_cold_max}), "
           f"else cold")
     print(f"load average at start {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on "
           f"{os.cpu_count()} CPUs (shared machine: seconds are inflated)", flush=True)

@@ -13,6 +13,7 @@ import pytest
 import scipy.sparse as sp
 
 from dpsql.errors import DpsqlError, PrivacyParameterError, StrategyError
+from dpsql.mechanisms.mwem import defaults
 from dpsql.mechanisms.mwem.core import (
     Block,
     CandidateGroups,
@@ -435,7 +436,8 @@ def test_auto_rounds_follow_the_doubling_rule(offset, stages, expected_T):
     oracle = EchoOracle(offset)
     eps = Fraction(2)
     result = run_mwem([Block(W, [], 64)], eps, oracle,
-                      MWEMOptions(rounds="auto", max_stages=stages, total=1000, replay=0))
+                      MWEMOptions(rounds="auto", max_stages=stages, total=1000, replay=0,
+                                  measure="query"))
     assert result.rounds == expected_T
     assert sum(oracle.spends) == eps
     per_round = [2 * e for k, _, e in result.spends if k == "select"]
@@ -568,8 +570,9 @@ def test_option_validation(kwargs, error, match):
 
 def test_option_defaults():
     opts = MWEMOptions()
-    assert (opts.rounds, opts.iterate, opts.replay, opts.cuboids) == ("auto", "last", 10, False)
-    assert opts.total is None and opts.total_share == Fraction(1, 20)
+    assert (opts.rounds, opts.iterate, opts.replay, opts.cuboids, opts.measure) == \
+        ("rule", "last", defaults.REPLAY, False, "partition")
+    assert opts.total is None and opts.total_share == defaults.TOTAL_SHARE
     assert MWEMOptions(total=50).total_share == 0
     assert MWEMOptions(init_share=0.1).init_share == Fraction(1, 10)
 
@@ -601,3 +604,39 @@ def test_block_and_run_validation():
 
 def test_mwem_module_is_public_only():
     assert not (_closure("dpsql.mechanisms.mwem.core") & FORBIDDEN)
+
+
+# ---------------------------------------------------------------------------------------
+# The default rule for T (issue 21): from ε and N alone, N possibly the run's noisy estimate
+
+
+def test_default_rounds_grow_with_the_signal_and_stay_clamped():
+    values = [defaults.default_rounds(eps, 10_000) for eps in (0.001, 0.01, 0.1, 1, 100)]
+    assert values == sorted(values) and values[0] == defaults.T_MIN
+    assert values[-1] == defaults.T_MAX
+    T = defaults.default_rounds(Fraction(1, 10), 30_000)
+    assert T == round(defaults.RULE_C * 3000 ** defaults.RULE_A)
+    # K blocks: each gets the rule at ε_R N / K
+    assert defaults.default_rounds(0.1, 30_000, 3) == 3 * defaults.default_rounds(0.1, 10_000)
+    assert defaults.max_rounds(3) == 3 * defaults.T_MAX
+    assert defaults.default_rounds(0.1, 0.0) == defaults.T_MIN      # N floored at 1
+
+
+@pytest.mark.parametrize("total", [None, 5000.0])
+def test_the_default_run_takes_the_rules_T_on_its_own_N(total):
+    n = 64
+    rng = np.random.default_rng(3)  # test data only
+    x = rng.multinomial(5000, rng.dirichlet(np.ones(n))).astype(float)
+    W = sp.csr_matrix(np.tril(np.ones((n, n))))
+    eps = Fraction(1, 2)
+    result = run_mwem([Block(W, [], n)], eps, SeededOracle([x], seed=4),
+                      MWEMOptions(total=total, replay=2))
+    eps_rounds = eps * (1 - (defaults.TOTAL_SHARE if total is None else 0))
+    assert result.rounds == defaults.default_rounds(eps_rounds, result.total, 1)
+    assert (result.total == 5000.0) == (total is not None)
+    assert result.epsilon == eps
+    assert any("default rule" in note for note in result.notes)
+    # the checks before the charge assume the rule's largest T: every step gets at least
+    from dpsql.mechanisms.mwem.options import step_epsilons
+    smallest = step_epsilons([Block(W, [], n)], eps, MWEMOptions(total=total))["round"]
+    assert all(e >= smallest for kind, _, e in result.spends if kind in ("select", "measure"))

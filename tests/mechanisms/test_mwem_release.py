@@ -82,7 +82,7 @@ def test_aborted_run_refunds_nothing(tmp_path, monkeypatch):
 def test_explain_suggests_the_variants_for_ranges_over_several_columns(adult_db):
     rect = ("SELECT COUNT(*) FROM adult WHERE age BETWEEN 20 AND 40 "
             "AND hours_per_week >= 20 AND hours_per_week < 60")
-    plain = adult_db.explain(rect, epsilon=0.5, delta=0, strategy="mwem(rounds=5)")
+    plain = adult_db.explain(rect, epsilon=0.5, delta=0, strategy="mwem(rounds=5, measure=query)")
     assert "init=marginals" in plain.candidates[0].note
     tuned = adult_db.explain(rect, epsilon=0.5, delta=0, strategy="mwem(rounds=5, "
                              "init=marginals, init_share=0.5, measure=partition)")

@@ -228,3 +228,30 @@ def test_refuses_workloads_that_select_no_cell():
     for strategy in (Optimal(), COA()):
         with pytest.raises(StrategyError, match="select"):
             strategy.plan(WorkloadInfo.from_matrix(W))
+
+
+def test_coa_warm_starts_from_optimal_and_takes_no_step_once_certified():
+    n = 128
+    workload = WorkloadInfo(n, V=all_ranges(n), m=n * (n + 1) // 2)
+    notes = dict(COA().plan(workload).notes)
+    assert notes["iterations"] == 0 and notes["gap"] <= 1e-6
+    assert notes["warm_iterations"] >= 1
+    reference = dict(Optimal().plan(workload).notes)
+    assert notes["objective"] == pytest.approx(reference["objective"], rel=1e-12)
+    cold = dict(COA(warm="identity").plan(workload).notes)      # the paper's path
+    assert cold["iterations"] > 0 and cold["gap"] <= 1e-6
+    with pytest.raises(StrategyError, match="warm"):
+        COA(warm="eigen-ish")
+
+
+def test_coa_stops_at_the_first_certified_newton_iterate():
+    n = 64
+    workload = WorkloadInfo(n, V=all_ranges(n), m=n * (n + 1) // 2)
+    A = solve(workload, tol=1e-2, max_iterations=1).A    # a warm start, not yet certified
+    X0 = A.T @ A
+    sol = COA().solve(workload, X0=X0)
+    assert sol.gap <= 1e-6 and sol.iterations >= 2
+    # one Newton step fewer is not yet certified: the stop came at the first certified step
+    short = COA(max_newton=sol.iterations - 1).solve(workload, X0=X0)
+    assert short.gap > 1e-6
+    assert short.iterations == sol.iterations - 1

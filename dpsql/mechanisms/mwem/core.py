@@ -79,13 +79,23 @@ same choices and noise it equals the explicit all-ranges block (tested).
   Groups (``cuboids``), non-box rows and blocks of more than four columns (``3^k > 81``
   pieces) are measured as before.
 - ``total``: the public row count ``N`` (declared in the policy), or ``None`` to spend
-  ``total_share`` of ε on the all-ones row of block 0; the noisy count is floored at 1.
+  ``total_share`` of ε (default 1/20) on the all-ones row of block 0; the noisy count is
+  floored at 1.
 
 **Budget.** Shares are exact :class:`~fractions.Fraction` s: ``ε_R = ε − ε_total − ε_init``
 goes to the rounds; a round with budget ``e`` spends ``e/2`` on selection and ``e − e/2``
 on measurement. Fixed ``T``: ``e = ε_R / T`` (the paper's ``ε/(2T)`` each).
 
-**Automatic T** (``rounds="auto"``; the paper sketches doubling in §2.3.3, this is our
+**Defaults** (``rounds="rule"``, ``replay = 100``, ``measure="partition"``; issue 21): ``T``
+comes from the workload and ε alone, by a rule fitted on synthetic data only
+(:mod:`dpsql.mechanisms.mwem.defaults`): ``T = K · clamp(round(C (ε_R N / K)^A), 2, 40)``
+with ``K`` the blocks that get rounds and ``N`` the public row count or, when the policy
+does not declare it, the run's own noisy estimate (released first, with ``total_share`` of
+ε). T is then a function of public inputs and of a released value, fixed before the first
+round; every round gets ``ε_R / T``, so every path spends exactly ``ε_R`` (the composition
+argument below covers a T chosen from earlier outputs). The tuned variants stay options.
+
+**Doubling T** (``rounds="auto"``; the paper sketches doubling in §2.3.3, this is our
 rule). Stage ``s = 0, 1, …, S−1`` (``S = max_stages``) runs ``T_s = T₀ 2^s`` rounds,
 ``T₀`` = number of blocks that get rounds. The per-round budget is fixed in advance at
 ``e = ε_R / (T₀ (2^S − 1))``, so stages cost a fixed geometric sequence ``e T₀ 2^s``. After
@@ -110,7 +120,7 @@ exactly after every pass); a single 0/1 row on a *box* of cells — a range, or 
 in C order: equal runs at a constant stride — is one scalar step on a strided view
 (``w *= e^s``, no gather, no ``exp`` per cell). The per-round estimates ``W_g A_g`` use
 prefix sums when every row of a block is a 0/1 interval of cells (range queries): 50
-rounds on 1024 cells and 20 000 range queries with the default ``replay`` take well under
+rounds on 1024 cells and 20 000 range queries with ``replay = 10`` take well under
 a second; on Adult (benchmarks/mwem_adult.py, shared machine) 40 rounds with
 ``replay = 300`` take about 2 s over all 9.5 M ranges of 4,357 cells and about 4 s over
 2,000 rectangles of 7,326 cells.
@@ -139,24 +149,27 @@ on realistic, skewed data the error is usually far below it.
 from __future__ import annotations
 
 import math
-import numbers
-from collections.abc import Sequence
 from fractions import Fraction
-from typing import Protocol
 
 import numpy as np
-import scipy.sparse
 import scipy.sparse as sp
 
-from dpsql.noise.accounting import to_exact
 from dpsql.errors import PrivacyParameterError, StrategyError
-from dpsql.mechanisms.mwem.groups import (AllIntervals, CandidateGroups, GroupValues, group_sensitivities,
-                          interval_answers, interval_index)
-from dpsql.mechanisms.mwem.options import Block, MWEMMeasurement, MWEMOptions, MWEMResult, RangeBlock
-from dpsql.mechanisms.mwem.state import BlockState, Measured, box_partition, interval_rows, make_state
+from dpsql.mechanisms.mwem import defaults
+from dpsql.mechanisms.mwem.bound import mwem_error_bound
+from dpsql.mechanisms.mwem.groups import (AllIntervals, CandidateGroups, GroupValues,
+                                          group_sensitivities, interval_answers, interval_index)
+from dpsql.mechanisms.mwem.options import (Block, MWEMMeasurement, MWEMOptions, MWEMResult,
+                                           RangeBlock)
+from dpsql.mechanisms.mwem.spender import MeasureOracle, Spender, smooth_round_robin
+from dpsql.mechanisms.mwem.start import init_log_weights, init_rows
+from dpsql.mechanisms.mwem.state import (BlockState, Measured, box_partition, interval_rows,
+                                         make_state)
+from dpsql.noise.accounting import to_exact
 
-# the state classes lived here before mwem_state.py; the old private names stay importable
+# older private names stay importable (tests, benchmarks)
 _BlockState, _Measured, _interval_rows = BlockState, Measured, interval_rows
+_init_rows, _init_log_weights, _Spender = init_rows, init_log_weights, Spender
 
 __all__ = [
     "AllIntervals",
@@ -179,130 +192,6 @@ __all__ = [
 SIGNAL_SDS = 2.0
 
 
-class MeasureOracle(Protocol):
-    """The kernel-side measure callback (DESIGN.md): noisy answers, never the counts."""
-
-    def select(self, block: int, groups: Sequence[scipy.sparse.csr_matrix], estimates: Sequence[np.ndarray],  # noqa: E501
-               penalties: np.ndarray, epsilon: Fraction) -> int:
-        """Exponential mechanism over candidate groups of block `block`'s queries: score_g = sum_r |estimates[g][r] - true answer of groups[g] row r| - penalties[g]; sensitivity = max over groups of the largest column L1 norm of the group (the oracle computes it; 1 for a single 0/1 query or a GROUP BY marginal). Spends epsilon."""  # noqa: E501
-
-    def measure(self, block: int, rows: scipy.sparse.csr_matrix, epsilon: Fraction) -> tuple[np.ndarray, float]:  # noqa: E501
-        """Noisy answers rows @ x_block + Laplace(b), b = L1 sensitivity(rows)/epsilon; returns (noisy, b). Spends epsilon."""  # noqa: E501
-
-    def select_interval(self, block: int, candidates: AllIntervals, estimates: np.ndarray,
-                        epsilon: Fraction) -> tuple[int, int]:
-        """Only for a RangeBlock: exponential mechanism over every range [lo, hi] of the block's cells that candidates allows; estimates are the prefix sums of A (n + 1 values); score |estimates[hi+1] - estimates[lo] - count of [lo, hi]|, sensitivity 1. The kernel computes the data's prefix sums and calls candidates.sample(estimates, prefix, epsilon, sampler.exponential). Spends epsilon; returns (lo, hi)."""  # noqa: E501
-
-
-# ---------------------------------------------------------------------------------------
-# Internal state
-
-
-class _Spender:
-    """Wraps the oracle: logs every spend, refuses to overspend, checks what comes back."""
-
-    def __init__(self, oracle, budget: Fraction):
-        self.oracle = oracle
-        self.budget = budget
-        self.spent = Fraction(0)
-        self.log: list = []
-
-    def _charge(self, kind: str, block: int, epsilon: Fraction) -> Fraction:
-        epsilon = Fraction(epsilon)
-        if epsilon <= 0 or self.spent + epsilon > self.budget:
-            raise StrategyError(f"internal error: MWEM asked to spend {epsilon} with "
-                                f"{self.budget - self.spent} left; refusing")
-        self.spent += epsilon
-        self.log.append((kind, block, epsilon))
-        return epsilon
-
-    def select(self, block, groups, estimates, penalties, epsilon) -> int:
-        epsilon = self._charge("select", block, epsilon)
-        k = self.oracle.select(block, groups, estimates, penalties, epsilon)
-        if isinstance(k, bool) or not isinstance(k, numbers.Integral) \
-                or not 0 <= k < len(groups):
-            raise StrategyError(f"the oracle's select returned {k!r}; expected a candidate "
-                                f"index in [0, {len(groups)})")
-        return int(k)
-
-    def select_interval(self, block, candidates, estimates, epsilon) -> tuple[int, int]:
-        epsilon = self._charge("select", block, epsilon)
-        out = self.oracle.select_interval(block, candidates, estimates, epsilon)
-        try:
-            lo, hi = (int(v) for v in out)
-            ok = all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in out)
-        except (TypeError, ValueError):
-            ok = False
-        if not ok or not candidates.allowed(lo, hi):
-            raise StrategyError(f"the oracle's select_interval returned {out!r}; expected a "
-                                f"range (lo, hi) of the {candidates.n} cells not measured yet")
-        return lo, hi
-
-    def measure(self, kind, block, rows, epsilon) -> tuple[np.ndarray, float]:
-        epsilon = self._charge(kind if kind != "round" else "measure", block, epsilon)
-        out = self.oracle.measure(block, rows, epsilon)
-        try:
-            noisy, scale = out
-            noisy = np.array(noisy, dtype=float).reshape(-1)
-            scale = float(scale)
-        except (TypeError, ValueError) as exc:
-            raise StrategyError("the oracle's measure must return (noisy answers, scale)") \
-                from exc
-        if noisy.size != rows.shape[0] or not np.all(np.isfinite(noisy)) \
-                or not (math.isfinite(scale) and scale > 0):
-            raise StrategyError(f"the oracle's measure returned {noisy.size} finite values "
-                                f"and scale {scale!r}; expected {rows.shape[0]} and a "
-                                f"positive scale")
-        return noisy, scale
-
-
-def _smooth_round_robin(weights: np.ndarray):
-    """Deterministic interleaving: block g gets a share w_g / Σw of every prefix (±1)."""
-    credit = np.zeros(weights.size)
-    total = weights.sum()
-    while True:
-        credit += weights
-        g = int(np.argmax(credit))
-        credit[g] -= total
-        yield g
-
-
-# ---------------------------------------------------------------------------------------
-# The algorithm
-
-
-def _init_rows(block, init: str) -> tuple[sp.csr_matrix, tuple]:
-    """The rows ``init_share`` measures and the axis sizes they cover.
-
-    ``"histogram"``: the identity (one axis of ``n`` cells). ``"marginals"``: for each axis
-    ``j`` of the block's ``shape`` (a RangeBlock or a block without a shape: one axis), one
-    row per value ``v`` counting the cells whose ``j``-th coordinate is ``v``. Every cell
-    lies in exactly one row per axis, so the stacked rows' L1 sensitivity is the number of
-    axes (the oracle calibrates to it).
-    """
-    n = block.n_cells
-    shape = getattr(block, "shape", None) or (n,)
-    if init == "histogram" or len(shape) == 1:
-        return sp.identity(n, format="csr"), (n,)
-    coords = np.unravel_index(np.arange(n), shape)
-    offsets = np.concatenate([[0], np.cumsum(shape)[:-1]])
-    rows = np.concatenate([offsets[j] + coords[j] for j in range(len(shape))])
-    cols = np.tile(np.arange(n), len(shape))
-    R = sp.csr_matrix((np.ones(rows.size), (rows, cols)), shape=(int(sum(shape)), n))
-    return R, tuple(shape)
-
-
-def _init_log_weights(noisy: np.ndarray, scale: float, axes: tuple) -> np.ndarray:
-    """``log A₀`` up to a constant: per axis, the clipped noisy counts plus the Laplace scale
-    ``b`` (no value starts at zero weight), multiplied over the axes (a product
-    distribution; one axis: the mixed histogram of the module docstring)."""
-    parts = np.split(np.log(np.maximum(noisy, 0.0) + scale), np.cumsum(axes)[:-1])
-    logw = parts[0]
-    for part in parts[1:]:
-        logw = np.add.outer(logw, part).reshape(-1)
-    return logw
-
-
 def run_mwem(blocks, epsilon, oracle: MeasureOracle,
              options: MWEMOptions | None = None) -> MWEMResult:
     """Run MWEM on ``blocks`` spending exactly ``epsilon`` through ``oracle``.
@@ -322,72 +211,88 @@ def run_mwem(blocks, epsilon, oracle: MeasureOracle,
         raise StrategyError("run_mwem needs a nonempty list of Block (or RangeBlock) values")
     if not any(b.n_queries for b in blocks):
         raise StrategyError("MWEM was given no queries: every block's W has zero rows")
-
-    spender = _Spender(oracle, eps)
-    notes: list[str] = []
-    measurements: list[MWEMMeasurement] = []
-    eps_total = eps * opts.total_share
-    eps_init = eps * opts.init_share
-    eps_rounds = eps - eps_total - eps_init
-
-    # The row count N.
-    if opts.total is None:
-        ones = sp.csr_matrix(np.ones((1, blocks[0].n_cells)))
-        noisy, scale = spender.measure("total", 0, ones, eps_total)
-        measurements.append(MWEMMeasurement("total", 0, None, noisy, scale))
-        total = max(float(noisy[0]), 1.0)
-        notes.append(f"N estimated with ε·{opts.total_share} (Laplace scale {scale:.3g}), "
-                     f"floored at 1")
+    run = _Run(blocks, eps, oracle, opts)
+    run.estimate_total()
+    run.initialise()
+    if opts.rounds == "auto":
+        run.doubling()
     else:
-        total = opts.total
-        notes.append("N is the declared public total")
+        run.fixed()
+    return run.result()
 
-    states = [make_state(b, opts.cuboids) for b in blocks]
-    active = [g for g, b in enumerate(blocks) if b.n_queries > 0]
 
-    # Initial distribution: uniform, or a noisy histogram (or product of noisy one-column
-    # marginals) mixed with uniform.
-    if eps_init > 0:
-        share = eps_init / len(active)
-        for g in active:
-            rows, axes = _init_rows(blocks[g], opts.init)
-            noisy, scale = spender.measure("init", g, rows, share)
-            measurements.append(MWEMMeasurement("init", g, None, noisy, scale))
-            states[g].set_log_weights(_init_log_weights(noisy, scale, axes))
+class _Run:
+    """One MWEM run: the spender, the per-block states and the record of what it did."""
+
+    def __init__(self, blocks, eps: Fraction, oracle, opts: MWEMOptions):
+        self.blocks, self.eps, self.opts = blocks, eps, opts
+        self.spender = Spender(oracle, eps)
+        self.notes: list[str] = []
+        self.measurements: list[MWEMMeasurement] = []
+        self.eps_total = eps * opts.total_share
+        self.eps_init = eps * opts.init_share
+        self.eps_rounds = eps - self.eps_total - self.eps_init
+        self.states = [make_state(b, opts.cuboids) for b in blocks]
+        self.active = [g for g, b in enumerate(blocks) if b.n_queries > 0]
+        weights = np.array([math.log(b.n_cells) if g in self.active else 0.0
+                            for g, b in enumerate(blocks)])
+        if not np.any(weights > 0):
+            weights = np.array([1.0 if g in self.active else 0.0 for g in range(len(blocks))])
+        self.schedule = smooth_round_robin(weights)       # public schedule of blocks
+        self.n_weighted = int(np.count_nonzero(weights))
+        self.round_no = 0
+        self.total = 0.0
+
+    def estimate_total(self) -> None:
+        """The row count N: public, or the noisy all-ones row (floored at 1)."""
+        opts = self.opts
+        if opts.total is not None:
+            self.total = opts.total
+            self.notes.append("N is the declared public total")
+            return
+        ones = sp.csr_matrix(np.ones((1, self.blocks[0].n_cells)))
+        noisy, scale = self.spender.measure("total", 0, ones, self.eps_total)
+        self.measurements.append(MWEMMeasurement("total", 0, None, noisy, scale))
+        self.total = max(float(noisy[0]), 1.0)
+        self.notes.append(f"N estimated with ε·{opts.total_share} (Laplace scale {scale:.3g}), "
+                          f"floored at 1")
+
+    def initialise(self) -> None:
+        """A0: uniform, or a noisy histogram (or product of noisy one-column marginals)
+        mixed with uniform (module docstring, ``init_share``)."""
+        opts = self.opts
+        if self.eps_init <= 0:
+            return
+        share = self.eps_init / len(self.active)
+        for g in self.active:
+            rows, axes = init_rows(self.blocks[g], opts.init)
+            noisy, scale = self.spender.measure("init", g, rows, share)
+            self.measurements.append(MWEMMeasurement("init", g, None, noisy, scale))
+            self.states[g].set_log_weights(init_log_weights(noisy, scale, axes))
             if opts.init == "marginals":
-                states[g].history.append(Measured(rows, noisy))
+                self.states[g].history.append(Measured(rows, noisy))
         what = ("noisy histogram" if opts.init == "histogram" else
                 "product of noisy one-column marginals (all measured in one Laplace step, "
                 "replayed with the rounds)")
-        notes.append(f"A0: {what} per block (ε·{opts.init_share} split over "
-                     f"{len(active)} block(s)), clipped at 0, floored by the Laplace scale, "
-                     f"scaled to N")
+        self.notes.append(f"A0: {what} per block (ε·{opts.init_share} split over "
+                          f"{len(self.active)} block(s)), clipped at 0, floored by the "
+                          f"Laplace scale, scaled to N")
 
-    # Public schedule of blocks.
-    weights = np.array([math.log(b.n_cells) if g in active else 0.0
-                        for g, b in enumerate(blocks)])
-    if not np.any(weights > 0):
-        weights = np.array([1.0 if g in active else 0.0 for g in range(len(blocks))])
-    schedule = _smooth_round_robin(weights)
-    n_weighted = int(np.count_nonzero(weights))
-
-    round_no = 0
-
-    def run_round(e: Fraction) -> bool:
+    def run_round(self, e: Fraction) -> bool:
         """One select + measure + update round with budget e; True if informative."""
-        nonlocal round_no
-        g = next(schedule)
-        state = states[g]
+        opts, total = self.opts, self.total
+        g = next(self.schedule)
+        state = self.states[g]
         half = e / 2
-        start, stop, rows, est = state.select(spender, g, half, total)
+        start, stop, rows, est = state.select(self.spender, g, half, total)
         size = stop - start
         pieces = (box_partition(rows, state.shape)
                   if opts.measure == "partition" and size == 1 else None)
-        noisy, scale = spender.measure("round", g, rows if pieces is None else pieces,
-                                       e - half)
-        round_no += 1
-        measurements.append(MWEMMeasurement("round", g, (start, stop), noisy, scale,
-                                            round_no))
+        noisy, scale = self.spender.measure("round", g, rows if pieces is None else pieces,
+                                            e - half)
+        self.round_no += 1
+        self.measurements.append(MWEMMeasurement("round", g, (start, stop), noisy, scale,
+                                                 self.round_no))
         state.rounds += 1
         discrepancy = float(np.abs(noisy[:size] - est).sum())
         informative = discrepancy > scale * (size + SIGNAL_SDS * math.sqrt(size))
@@ -400,19 +305,32 @@ def run_mwem(blocks, epsilon, oracle: MeasureOracle,
             state.update(meas, total)
         state.renormalise()
         for _ in range(opts.replay):
-            for other in states:
+            for other in self.states:
                 for past in other.history:
                     other.update(past, total)
                 other.renormalise()
         if opts.iterate == "average":
-            for other in states:
+            for other in self.states:
                 other.sum_p += other.p
         return informative
 
-    if opts.rounds == "auto":
-        S, T0 = opts.max_stages, n_weighted
-        e = eps_rounds / (T0 * (2 ** S - 1))
-        remaining = eps_rounds
+    def fixed(self) -> None:
+        """A fixed T (given, or the default rule's), each round at ``ε_R / T``."""
+        if self.opts.rounds == "rule":
+            T = defaults.default_rounds(self.eps_rounds, self.total, self.n_weighted)
+            how = defaults.describe(self.eps_rounds, self.total, self.n_weighted, T)
+        else:
+            T, how = self.opts.rounds, f"T = {self.opts.rounds} rounds"
+        e = self.eps_rounds / T
+        for _ in range(T):
+            self.run_round(e)
+        self.notes.append(f"{how}, at ε_R/T each (half selection, half measurement)")
+
+    def doubling(self) -> None:
+        """``rounds="auto"``: doubling stages (module docstring, "Doubling T")."""
+        S, T0 = self.opts.max_stages, self.n_weighted
+        e = self.eps_rounds / (T0 * (2 ** S - 1))
+        remaining = self.eps_rounds
         stop_after = None
         stages = []
         s = 0
@@ -420,7 +338,7 @@ def run_mwem(blocks, epsilon, oracle: MeasureOracle,
             T_s = T0 * 2 ** s
             final = s == S - 1 or stop_after is not None
             per_round = remaining / T_s if final else e
-            informative = sum(run_round(per_round) for _ in range(T_s))
+            informative = sum(self.run_round(per_round) for _ in range(T_s))
             remaining -= per_round * T_s
             stages.append(f"{T_s} ({informative} informative)")
             if final:
@@ -431,88 +349,32 @@ def run_mwem(blocks, epsilon, oracle: MeasureOracle,
         why = (f"doubling stopped after stage {stop_after} (signal below noise), the last "
                f"stage took the remaining budget" if stop_after is not None
                else f"all {S} stages ran at the same per-round budget")
-        notes.append(f"rounds='auto': T = {round_no} over stages {', '.join(stages)}; {why}")
-    else:
-        e = eps_rounds / opts.rounds
-        for _ in range(opts.rounds):
-            run_round(e)
-        notes.append(f"T = {round_no} rounds at ε_R/T each (half selection, half "
-                     f"measurement)")
+        self.notes.append(f"rounds='auto': T = {self.round_no} over stages "
+                          f"{', '.join(stages)}; {why}")
 
-    if spender.spent != eps:
-        raise StrategyError(f"internal error: MWEM spent {spender.spent}, not the requested "
-                            f"{eps}")
-    if len(blocks) > 1:
-        notes.append("rounds per block (smooth round-robin, weight ln n_g): "
-                     + ", ".join(str(s.rounds) for s in states))
-    notes.append("MWEM's error is data-dependent: no closed-form standard error; "
-                 "mwem_error_bound gives the worst-case bound of Theorem 2.3")
-
-    distributions, answers = [], []
-    for state in states:
-        p = state.sum_p / round_no if opts.iterate == "average" else state.p
-        A = total * p
-        distributions.append(A)
-        answers.append(state.answers(A))
-    return MWEMResult(
-        distributions=tuple(distributions),
-        answers=tuple(answers),
-        rounds=round_no,
-        spends=tuple(spender.log),
-        notes=tuple(notes),
-        total=total,
-        rounds_per_block=tuple(s.rounds for s in states),
-        measurements=tuple(measurements),
-    )
-
-
-# ---------------------------------------------------------------------------------------
-# The worst-case guarantee
-
-
-def mwem_error_bound(n_total, n_cells, n_queries, rounds, epsilon, beta=0.05) -> float:
-    """Theorem 2.3's bound on MWEM's maximum query error, holding with probability ≥ 1 − β.
-
-    Hardt, Ligett & McSherry, Theorem 2.3 (proof in their Appendix A): for any data set of
-    ``N`` records over a universe ``D``, any set ``Q`` of linear queries with values in
-    [0, 1], any ``T`` and ``ε > 0``, with probability at least ``1 − 2T/|Q|`` the average
-    ``A = avg_{i≤T} Aᵢ`` output by MWEM satisfies
-
-        ``max_{q∈Q} |q(A) − q(B)| ≤ 2N √(log|D| / T) + 10 T log|Q| / ε``   (natural logs).
-
-    The proof's two slack terms come from Lemma A.1: the exponential mechanism at
-    ``ε/(2T)`` picks a query within ``4T ln(2T|Q|/β)/ε`` of the worst one, and each Laplace
-    measurement is within ``2T ln(2T/β)/ε``, each with probability ≥ 1 − β/(2T) per
-    round. We return the bound for any ``β``::
-
-        2N √(ln|D| / T) + (4T ln(2T|Q|/β) + 2T ln(2T/β)) / ε
-
-    which equals the theorem's expression exactly at ``β = 2T/|Q|``. ``n_cells`` is ``|D|``,
-    or the list of block sizes for the factored form (``|D| = Π n_g``, the product domain).
-    ``epsilon`` is the budget of the rounds (excluding any share spent on ``N`` or on an
-    initial histogram). The theorem covers the plain algorithm (single-query selection,
-    uniform start, exact ``N``, averaged output); replay, cuboids and the last iterate are
-    heuristics outside it. It is a worst case: MWEM's actual error is data-dependent and
-    usually much smaller.
-    """
-    sizes = [n_cells] if isinstance(n_cells, numbers.Integral) else list(n_cells)
-    if not sizes or any(isinstance(s, bool) or not isinstance(s, numbers.Integral) or s < 1
-                        for s in sizes):
-        raise StrategyError(f"n_cells must be an integer >= 1 or a list of them, "
-                            f"got {n_cells!r}")
-    log_domain = sum(math.log(int(s)) for s in sizes)
-    for name, value in (("n_queries", n_queries), ("rounds", rounds)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-            raise StrategyError(f"{name} must be an integer >= 1, got {value!r}")
-    if isinstance(n_total, bool) or not isinstance(n_total, numbers.Real) \
-            or not math.isfinite(n_total) or n_total < 0:
-        raise StrategyError(f"n_total must be a finite number >= 0, got {n_total!r}")
-    eps = float(to_exact(epsilon, "epsilon"))
-    if not eps > 0:
-        raise PrivacyParameterError(f"epsilon must be > 0, got {epsilon!r}")
-    if isinstance(beta, bool) or not isinstance(beta, numbers.Real) or not 0 < beta < 1:
-        raise StrategyError(f"beta must be a failure probability in (0, 1), got {beta!r}")
-    T, Q = int(rounds), int(n_queries)
-    mw_term = 2.0 * float(n_total) * math.sqrt(log_domain / T)
-    noise_term = (4 * T * math.log(2 * T * Q / beta) + 2 * T * math.log(2 * T / beta)) / eps
-    return mw_term + noise_term
+    def result(self) -> MWEMResult:
+        spender, opts = self.spender, self.opts
+        if spender.spent != self.eps:
+            raise StrategyError(f"internal error: MWEM spent {spender.spent}, not the "
+                                f"requested {self.eps}")
+        if len(self.blocks) > 1:
+            self.notes.append("rounds per block (smooth round-robin, weight ln n_g): "
+                              + ", ".join(str(s.rounds) for s in self.states))
+        self.notes.append("MWEM's error is data-dependent: no closed-form standard error; "
+                          "mwem_error_bound gives the worst-case bound of Theorem 2.3")
+        distributions, answers = [], []
+        for state in self.states:
+            p = state.sum_p / self.round_no if opts.iterate == "average" else state.p
+            A = self.total * p
+            distributions.append(A)
+            answers.append(state.answers(A))
+        return MWEMResult(
+            distributions=tuple(distributions),
+            answers=tuple(answers),
+            rounds=self.round_no,
+            spends=tuple(spender.log),
+            notes=tuple(self.notes),
+            total=self.total,
+            rounds_per_block=tuple(s.rounds for s in self.states),
+            measurements=tuple(self.measurements),
+        )

@@ -17,6 +17,7 @@ import scipy.sparse as sp
 
 from dpsql.noise.accounting import to_exact
 from dpsql.errors import PrivacyParameterError, StrategyError
+from dpsql.mechanisms.mwem import defaults
 
 
 @dataclass(frozen=True)
@@ -134,26 +135,27 @@ def _share(value, name: str) -> Fraction:
 class MWEMOptions:
     """MWEM's options (see the module docstring for what each does)."""
 
-    rounds: int | str = "auto"          # T >= 1, or "auto" (doubling stages)
+    rounds: int | str = "rule"          # T >= 1, "rule" (defaults.py) or "auto" (doubling)
     iterate: str = "last"               # "last" (practice) or "average" (theory)
-    replay: int = 10                    # extra MW passes over past measurements per round
+    replay: int = defaults.REPLAY       # extra MW passes over past measurements per round
     init_share: Fraction = Fraction(0)  # share of ε for a noisy initial distribution
     init: str = "histogram"             # what init_share measures: "histogram" or "marginals"
     cuboids: bool = False               # candidates: whole output groups, else single rows
-    measure: str = "query"              # "query", or "partition": a box and its complement
+    measure: str = "partition"          # "partition": a box and its complement, or "query"
     total: float | None = None          # public row count N; None: estimate it
-    total_share: Fraction | None = None  # share of ε for N when total is None (default 1/20)
+    total_share: Fraction | None = None  # share of ε for N when total is None (default
+                                         # defaults.TOTAL_SHARE)
     max_stages: int = 5                 # rounds="auto": at most this many doubling stages
 
     def __post_init__(self) -> None:
         rounds = self.rounds
         if isinstance(rounds, str):
-            if rounds != "auto":
-                raise StrategyError(f"MWEMOptions.rounds must be an integer >= 1 or 'auto', "
-                                    f"got {rounds!r}")
+            if rounds not in ("rule", "auto"):
+                raise StrategyError(f"MWEMOptions.rounds must be an integer >= 1, 'rule' or "
+                                    f"'auto', got {rounds!r}")
         elif isinstance(rounds, bool) or not isinstance(rounds, numbers.Integral) or rounds < 1:
-            raise StrategyError(f"MWEMOptions.rounds must be an integer >= 1 or 'auto', "
-                                f"got {rounds!r}")
+            raise StrategyError(f"MWEMOptions.rounds must be an integer >= 1, 'rule' or "
+                                f"'auto', got {rounds!r}")
         else:
             object.__setattr__(self, "rounds", int(rounds))
         if self.iterate not in ("last", "average"):
@@ -177,7 +179,7 @@ class MWEMOptions:
                                 f"got {self.cuboids!r}")
         init_share = _share(self.init_share, "init_share")
         if self.total is None:
-            total_share = (Fraction(1, 20) if self.total_share is None
+            total_share = (defaults.TOTAL_SHARE if self.total_share is None
                            else _share(self.total_share, "total_share"))
             if total_share == 0:
                 raise PrivacyParameterError(
@@ -259,6 +261,8 @@ def _rounds_bound(blocks, options) -> tuple[int, list]:
     weighted = [b for b in active if b.n_cells > 1] or active
     if options.rounds == "auto":
         return len(weighted) * (2 ** options.max_stages - 1), active
+    if options.rounds == "rule":                # the rule's largest choice
+        return defaults.max_rounds(len(weighted)), active
     return options.rounds, active
 
 
@@ -271,8 +275,8 @@ def step_epsilons(blocks, epsilon, options) -> dict:
     eps_total = eps * options.total_share
     eps_init = eps * options.init_share
     eps_rounds = eps - eps_total - eps_init
-    if options.rounds == "auto":
-        e = eps_rounds / T              # T = T0 (2^S - 1): the fixed per-round budget
+    if options.rounds in ("auto", "rule"):
+        e = eps_rounds / T              # T0 (2^S - 1), or the rule's most: the smallest
     else:
         e = eps_rounds / options.rounds
     steps = {"round": e / 2}

@@ -21,12 +21,22 @@ convex, with gradient ``G = −X⁻¹ V X⁻¹`` and Hessian action ``H[D] = −
   stage warm-started from the last (and a final θ = 0 stage when ``V`` is nonsingular). A
   warm start ``X₀`` (e.g. ``AᵀA`` of another strategy) goes straight to the last stage.
 
-Stopping and certificate: after each stage the gap is *certified* for the unregularised
-problem by the dual (optimal.py): at the optimum ``X⁻¹VX⁻¹ = diag(y)`` with ``y`` the
-multipliers of ``diag(X) = 1``, so ``w = diag(X⁻¹VX⁻¹) / Σ`` is the natural dual point and
-``h(w)² = (Σ √λ(D^½ V D^½))²`` is a lower bound on the optimum for any ``w`` in the simplex.
-``gap = F(X) / h(w)² − 1`` bounds the suboptimality of the returned ``X`` whatever the solver
-did; COA stops once it is at most ``tol`` (or the homotopy is exhausted) and reports it.
+Warm start (issue 21): by default COA starts from the best point dpsql knows, the certified
+solution of ``optimal`` (its dual fixed point, :mod:`dpsql.strategies.gaussian.optimal`),
+whose dual lower bound comes with it. ``warm="identity"`` is the paper's cold start from
+``X₀ = I`` through the homotopy; an explicit ``X0`` (e.g. ``AᵀA`` of another strategy) goes
+straight to the last stage.
+
+Stopping and certificate: before every Newton step the gap is *certified* for the
+unregularised problem by the dual (optimal.py): at the optimum ``X⁻¹VX⁻¹ = diag(y)`` with
+``y`` the multipliers of ``diag(X) = 1``, so ``w = diag(X⁻¹(V + θI)X⁻¹) / Σ`` is the natural
+dual point and ``h(w)² = (Σ √λ(D^½ V D^½))²`` is a lower bound on the optimum for any ``w``
+in the simplex (one eigenvalue computation, no vectors). The largest bound seen (and the warm
+start's own) is kept; ``gap = F(X) / lower − 1`` (``F`` for ``V + θI``, never below the true
+value) bounds the suboptimality of the current ``X`` whatever the solver did. COA stops as
+soon as it is at most ``tol`` — with no Newton step after that — and reports it. When the warm
+start is already certified (``optimal`` stops at the same ``tol``), COA takes no Newton step
+and returns that strategy with its gap: the paper's method has nothing left to do.
 
 Strategy and privacy: ``A = Lᵀ`` for the Cholesky factor ``X = L Lᵀ``, so ``AᵀA = X`` and
 every column of ``A`` has L2 norm ``√X_jj = 1``: sensitivity 1 (cells no query touches get a
@@ -38,6 +48,7 @@ optimisation reads only the public workload.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,6 +57,8 @@ import scipy.sparse as sp
 
 from dpsql.errors import StrategyError
 from dpsql.workload.matrix import Plan, WorkloadInfo, make_plan
+from dpsql.strategies.gaussian import optimal
+from dpsql.strategies.gaussian.dual import blas_threads
 from dpsql.strategies.gaussian.optimal import COND_LIMIT, MAX_CELLS, MIX
 
 #: Armijo parameters (§4.2) and CG steps per Newton direction (§4.1)
@@ -119,24 +132,34 @@ def dual_value(V: np.ndarray, w: np.ndarray) -> float:
 
 
 class COA:
-    """``coa``: Newton–CG with Armijo steps and homotopy (Yuan et al., Algorithms 1–3).
+    """``coa``: Newton–CG with Armijo steps and homotopy (Yuan et al., Algorithms 1–3),
+    warm-started from ``optimal``'s certified point and stopped by the certificate.
 
     Privacy/sensitivity: the plan is ``Lᵀ`` with ``X = LLᵀ`` and ``diag(X) = 1`` kept exactly
-    by the CG (diagonals zeroed), so every column has norm 1 before rounding; the sensitivity
-    used for calibration is that of the rounded plan (:func:`make_plan`).
+    by the CG (diagonals zeroed), so every column has norm 1 before rounding — or, when the
+    warm start is already certified, ``optimal``'s plan (columns of norm <= 1, see there);
+    the sensitivity used for calibration is that of the rounded plan (:func:`make_plan`).
     """
 
     name = "coa"
     cacheable = True
 
     def __init__(self, tol: float = 1e-6, theta_min: float = 1e-10, cg_steps: int = CG_STEPS,
-                 max_newton: int = 60, X0=None):
+                 max_newton: int = 60, X0=None, warm: str = "optimal"):
+        if warm not in ("optimal", "identity"):
+            raise StrategyError(f"COA's warm start must be 'optimal' or 'identity', got {warm!r}")
         self.tol, self.theta_min = float(tol), float(theta_min)
         self.cg_steps, self.max_newton = int(cg_steps), int(max_newton)
-        self.X0 = X0
+        self.X0, self.warm = X0, warm
 
-    def solve(self, workload: WorkloadInfo, X0=None) -> COASolution:
-        """Optimise ``X``; ``X0`` (n x n, e.g. ``AᵀA`` of another strategy) warm-starts it."""
+    def solve(self, workload: WorkloadInfo, X0=None, lower: float = 0.0) -> COASolution:
+        """Optimise ``X`` from ``X0`` (n x n, e.g. ``AᵀA`` of another strategy; default the
+        paper's ``I`` with homotopy); ``lower`` is a known lower bound on the optimum (in the
+        units of ``V``), e.g. the warm start's certificate."""
+        with blas_threads():
+            return self._solve(workload, X0, lower)
+
+    def _solve(self, workload: WorkloadInfo, X0, lower: float) -> COASolution:
         V = np.asarray(workload.V, dtype=float)
         if not np.all(np.isfinite(V)):
             raise StrategyError("COA needs a finite workload")
@@ -158,21 +181,21 @@ class COA:
             thetas.append(0.0)
         if start is not None:                                # a warm start is already near
             thetas = thetas[-1:]                             # the target: skip the homotopy
-        iterations, best = 0, None
+        iterations, best, low = 0, None, float(lower) / scale
         for theta in thetas:
-            X, L, steps = self._stage(Vs, theta, X, L)
+            X, L, steps, low = self._stage(Vs, theta, X, L, low)
             iterations += steps
             Z = _inverse(L)
             value = float(np.vdot(Vs, Z))
             y = np.einsum("ij,ji->i", Z @ Vs, Z) + theta * np.einsum("ij,ij->i", Z, Z)
-            lower = dual_value(Vs, y)                        # y: multipliers of diag(X) = 1
-            gap = value / lower - 1 if lower > 0 else math.inf
+            low = max(low, dual_value(Vs, y))                # y: multipliers of diag(X) = 1
+            gap = value / low - 1 if low > 0 else math.inf
             if best is None or gap < best[3]:
-                best = (X.copy(), value, lower, gap, theta)
+                best = (X.copy(), value, low, gap, theta)
             if gap <= self.tol:
                 break
-        X, value, lower, gap, theta = best
-        return COASolution(X, support, value * scale, lower * scale, gap, iterations, theta)
+        X, value, low, gap, theta = best
+        return COASolution(X, support, value * scale, low * scale, gap, iterations, theta)
 
     def _start(self, X0, support, n: int) -> np.ndarray:
         ns = support.size
@@ -191,17 +214,22 @@ class COA:
         np.fill_diagonal(X, 1.0)
         return X
 
-    def _stage(self, Vs: np.ndarray, theta: float, X: np.ndarray, L: np.ndarray):
-        """Algorithm 1 on ``V + θI`` from ``X`` (Cholesky factor ``L``)."""
+    def _stage(self, Vs: np.ndarray, theta: float, X: np.ndarray, L: np.ndarray, low: float):
+        """Algorithm 1 on ``V + θI`` from ``X`` (Cholesky factor ``L``), stopping as soon as
+        ``F(X) / lower − 1 <= tol`` (the certificate) or the Newton decrement vanishes.
+        Returns (X, L, Newton steps taken, the largest lower bound seen)."""
         Vt = Vs + theta * np.eye(Vs.shape[0])
         Z = _inverse(L)
         F = float(np.vdot(Vt, Z))
         for k in range(self.max_newton):
-            P = Z @ Vt @ Z                                   # −G
+            P = Z @ Vt @ Z                                   # −G; diag: the multipliers
+            low = max(low, dual_value(Vs, np.diag(P).copy()))
+            if low > 0 and F / low - 1 <= self.tol:          # certified: no further step
+                return X, L, k, low
             D = newton_direction(Z, P, self.cg_steps)
             slope = -float(np.vdot(P, D))                    # ⟨G, D⟩ < 0
             if not slope < -1e-3 * self.tol * F:             # Newton decrement: converged
-                return X, L, k
+                return X, L, k, low
             alpha = 1.0
             for _ in range(40):
                 Xt = X + alpha * D
@@ -213,12 +241,29 @@ class COA:
                         break
                 alpha *= BETA
             else:
-                return X, L, k                               # no decrease possible
+                return X, L, k, low                          # no decrease possible
             X, L, Z, F = Xt, Lt, Zt, Ft
-        return X, L, self.max_newton
+        return X, L, self.max_newton, low
 
     def plan(self, workload: WorkloadInfo, X0=None) -> Plan:
-        sol = self.solve(workload, X0)
+        """The plan; notes report the certified gap, the Newton steps taken and their
+        process CPU seconds (``newton_seconds``: COA's own work after the warm start)."""
+        lower = 0.0
+        if X0 is None and self.X0 is None and self.warm == "optimal":
+            dual = optimal.solve(workload, tol=self.tol)
+            if dual.gap <= self.tol:                         # certified: no Newton step
+                return make_plan(self.name, dual.A, notes=(
+                    ("gap", dual.gap), ("iterations", 0), ("newton_seconds", 0.0),
+                    ("warm_iterations", dual.iterations), ("mix", dual.mix),
+                    ("lower_bound", dual.lower * dual.scale),
+                    ("objective", dual.upper * dual.scale)))
+            A = dual.A.toarray() if sp.issparse(dual.A) else np.asarray(dual.A)
+            X0, lower = A.T @ A, dual.lower * dual.scale
+        started = time.process_time()
+        sol = self.solve(workload, X0, lower)
+        return self._plan_from(workload, sol, time.process_time() - started)
+
+    def _plan_from(self, workload: WorkloadInfo, sol: COASolution, seconds: float) -> Plan:
         n, support = workload.n, sol.support
         X = sol.X
         lam = la.eigvalsh(X, check_finite=False)
@@ -232,5 +277,6 @@ class COA:
         A[support.size + np.arange(others.size), others] = 1.0
         gap = max((1 + sol.gap) / (1 - mix) - 1, 0.0)
         return make_plan(self.name, A, notes=(
-            ("gap", gap), ("iterations", sol.iterations), ("theta", sol.theta), ("mix", mix),
+            ("gap", gap), ("iterations", sol.iterations), ("newton_seconds", seconds),
+            ("theta", sol.theta), ("mix", mix),
             ("lower_bound", sol.lower), ("objective", sol.value)))

@@ -29,7 +29,7 @@ the returned strategy whatever the solver did. ``h`` is concave, ``∂h/∂w_j =
 - rank ``r < n`` (``V = F Fᵀ``, e.g. few queries over many cells): every quantity comes from
   ``K = Fᵀ D F`` (``r x r``), and the many optimal weights that are 0 — where the fixed point
   crawls — are reached by L-BFGS-B on an equivalent bound-constrained concave program
-  (:class:`_Factored`), then certified (and if need be finished) by the fixed point. (The
+  (:class:`~dpsql.strategies.gaussian.dual.FactoredForm`), then certified (and if need be finished) by the fixed point. (The
   rescaled ``X'`` would leave the row space of ``W`` here, so only ``X(w)/max x`` is used.)
 
 Strategy: ``A = Λ^¼ Qᵀ D^-½ / √h`` (weighted eigen-queries, ``AᵀA = X(w)``) with its
@@ -53,9 +53,9 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.linalg as la
 import scipy.sparse as sp
-from scipy import optimize
 
 from dpsql.errors import StrategyError
+from dpsql.strategies.gaussian.dual import FactoredForm, FullForm, anderson, blas_threads, eigh
 from dpsql.workload.matrix import Plan, WorkloadInfo, make_plan
 
 #: stop when the certified relative gap is at most this
@@ -66,8 +66,6 @@ GAMMA = 2.0
 AA_MEMORY = 2
 #: eigenvalues of V below this fraction of the largest are zero (rank decisions)
 RANK_TOL = 1e-11
-#: eigenvalues of M (or K) are floored at this fraction of the largest (see _roots)
-FLOOR = 1e-24
 #: weight of the identity mixed into a singular optimum (keeps A of full column rank)
 MIX = 2e-6
 #: mix also when the condition number of X could exceed this
@@ -94,168 +92,6 @@ class DualSolution:
     scale: float                   # V was divided by this (its largest diagonal entry)
 
 
-def _eigh(M: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Eigenpairs of a symmetric matrix: LAPACK's MRRR driver, divide and conquer on failure."""
-    for driver in ("evr", "evd"):
-        try:
-            return la.eigh(M, check_finite=False, driver=driver)
-        except (la.LinAlgError, ValueError):
-            continue
-    raise StrategyError("the optimal strategy's eigensolver failed on this workload (non-finite "
-                        "or degenerate Gram matrix); use another strategy")
-
-
-@dataclass
-class _Point:
-    """One evaluation of the dual at w (on the simplex)."""
-
-    low: float         # h(w) = Σ √λ⁺: h² is a lower bound on the optimum
-    h: float           # the same with eigenvalues floored at FLOOR · λmax (what X(w) uses)
-    x: np.ndarray      # diag X(w); h² · max x bounds tr(V X(w)⁻¹) / max x from above
-    factor: object     # callable -> B (k x n_support) with BᵀB = X(w)
-    cond: float        # upper bound on cond(X(w)); inf when X(w) has rank < n_support
-    rescaled: float = math.inf   # tr(V X'⁻¹) for X' = D_x^-½ X(w) D_x^-½ (unit diagonal)
-
-
-def _roots(lam: np.ndarray) -> tuple[np.ndarray, float]:
-    """√λ floored at √(FLOOR λmax), and Σ √λ⁺ (unfloored, for the lower bound).
-
-    The floor keeps X(w) invertible on range(V): with λ_k <= r_k², tr(V X(w)⁻¹) =
-    h Σ λ_k / r_k <= h², so the upper bound stays valid, and a direction that the weights
-    starve shows up as a large X_jj instead of silently vanishing."""
-    lam = np.asarray(lam, dtype=float)
-    top = max(float(lam.max(initial=0.0)), 1e-300)
-    return np.sqrt(np.maximum(lam, FLOOR * top)), float(np.sqrt(np.maximum(lam, 0.0)).sum())
-
-
-class _Full:
-    """Dense ``V`` (n x n, full rank): eigendecompose ``M = D^½ V D^½`` each step."""
-
-    def __init__(self, V: np.ndarray, symmetry: bool):
-        n = self.n = V.shape[0]
-        self.split = bool(symmetry and n >= 8 and _reversal_invariant(V))
-        if not self.split:
-            self.blocks = (V,)
-            return
-        p, c = n // 2, n % 2
-        R = V[:p, n - p:][:, ::-1]                  # R[i, k] = V[i, n-1-k]
-        E = np.empty((p + c, p + c))
-        E[:p, :p] = V[:p, :p] + R                   # on (e_i + e_i') / √2
-        if c:
-            E[:p, p] = E[p, :p] = math.sqrt(2.0) * V[:p, p]
-            E[p, p] = V[p, p]
-        self.blocks = (E, V[:p, :p] - R)            # ... and on (e_i - e_i') / √2
-        self.p, self.c = p, c
-
-    def evaluate(self, w: np.ndarray) -> _Point:
-        s = np.sqrt(w)
-        parts = []
-        for block, si in zip(self.blocks, self._block_scales(s)):
-            lam, Q = _eigh(block * si[:, None] * si[None, :])
-            r, low = _roots(lam)
-            parts.append((r, low, Q, np.square(Q) @ r, np.maximum(lam, 0.0)))
-        r = np.concatenate([part[0] for part in parts])
-        h = float(r.sum())
-        x = self._combine([part[3] for part in parts]) / (w * h)
-        cond = float(r.max() / r.min() * w.max() / w.min())
-        rescaled = math.inf
-        if x.min() > 0:         # tr(E M E M^-½) = Σ_kl C_kl² λ_l / r_k, C = Qᵀ E Q, E = D_x^½
-            rescaled = 0.0
-            for (rb, _, Q, _, lam), e in zip(parts, self._block_scales(np.sqrt(x))):
-                C = Q.T @ (Q * e[:, None])
-                rescaled += float((np.square(C) @ lam) @ (1 / rb))
-            rescaled *= h
-
-        def factor() -> np.ndarray:
-            Q = self._vectors([part[2] for part in parts])
-            return (Q * np.sqrt(r)).T / (s * math.sqrt(h))   # Λ^¼ Qᵀ D^-½ / √h
-
-        return _Point(sum(part[1] for part in parts), h, x, factor, cond, rescaled)
-
-    def _block_scales(self, s):
-        if not self.split:
-            return (s,)
-        return (s[: self.p + self.c], s[: self.p])
-
-    def _combine(self, diags):
-        if not self.split:
-            return diags[0]
-        p, c, n = self.p, self.c, self.n
-        d = np.empty(n)
-        d[:p] = (diags[0][:p] + diags[1]) / 2
-        d[n - p:] = d[:p][::-1]
-        if c:
-            d[p] = diags[0][p]
-        return d
-
-    def _vectors(self, Qs) -> np.ndarray:
-        if not self.split:
-            return np.asarray(Qs[0], dtype=float)
-        p, c, n = self.p, self.c, self.n
-        QE, QO = (np.asarray(Q, dtype=float) / math.sqrt(2.0) for Q in Qs)
-        Q = np.zeros((n, n))
-        Q[:p, : p + c] = QE[:p]
-        Q[n - p:, : p + c] = QE[:p][::-1]
-        if c:
-            Q[p, : p + c] = QE[p] * math.sqrt(2.0)
-        Q[:p, p + c:] = QO
-        Q[n - p:, p + c:] = -QO[::-1]
-        return Q
-
-
-class _Factored:
-    """``V = F Fᵀ`` with ``F`` n x r of full column rank r: eigendecompose ``K = Fᵀ D F``.
-
-    ``h(w) = tr(K^½)`` and ``X(w) = F K^-½ Fᵀ / h`` (the nonzero spectrum of ``M`` is that of
-    ``K``), so a step costs ``O(n r² + r³)``. With ``a_j = f_jᵀ K^-½ f_j``, the function
-    ``Φ(w) = 2 h(w) − Σ_j w_j`` on ``w >= 0`` is concave, has gradient ``a − 1`` and maximum
-    ``h*²`` at ``h*² · w*``: a smooth bound-constrained problem that L-BFGS-B solves in a few
-    dozen cheap steps even when most optimal weights are 0 (where the fixed point crawls).
-    """
-
-    def __init__(self, F: np.ndarray):
-        self.F = np.ascontiguousarray(F, dtype=float)
-        self.n, self.r = F.shape
-        self.split = False
-
-    def _parts(self, w: np.ndarray):
-        F = self.F
-        mu, P = _eigh(F.T @ (F * w[:, None]))
-        r, low = _roots(mu)
-        g = F @ P                                           # g_jk = f_jᵀ p_k
-        return r, low, g, np.square(g) @ (1 / r)            # a_j = f_jᵀ K^-½ f_j
-
-    def evaluate(self, w: np.ndarray) -> _Point:
-        r, low, g, a = self._parts(w)
-        h = float(r.sum())
-        cond = math.inf if self.r < self.n else float(r.max() / r.min() * w.max() / w.min())
-        return _Point(low, h, a / h, lambda: (g / np.sqrt(r)).T / math.sqrt(h), cond)
-
-    def ascend(self, w: np.ndarray, max_evaluations: int) -> tuple[np.ndarray, int]:
-        """Maximise Φ from ``w`` (on the simplex) with L-BFGS-B; returns (w / Σw, evaluations)."""
-        def negative(v):
-            r, _, _, a = self._parts(v)
-            return float(v.sum() - 2 * r.sum()), 1 - a
-
-        h = float(self._parts(w)[0].sum())
-        res = optimize.minimize(negative, w * h * h, jac=True, method="L-BFGS-B",
-                                bounds=[(0, None)] * self.n,
-                                options=dict(maxfun=max_evaluations, maxiter=max_evaluations,
-                                             maxcor=20, ftol=0.0, gtol=1e-13))
-        v = np.maximum(np.asarray(res.x, dtype=float), 0.0)
-        if not np.all(np.isfinite(v)) or v.sum() <= 0:
-            return w, int(res.nfev) + 1
-        return v / v.sum(), int(res.nfev) + 1
-
-
-def _reversal_invariant(V: np.ndarray) -> bool:
-    """``V[i, j] == V[n-1-i, n-1-j]`` (to rounding): reversing the flat array reverses both."""
-    flat = np.ascontiguousarray(V).reshape(-1)
-    half = flat.size // 2
-    diff = np.abs(flat[:half] - flat[::-1][:half]).max(initial=0.0)
-    return bool(diff <= 1e-13 * float(np.abs(flat).max(initial=0.0)))
-
-
 def _no_cells() -> StrategyError:
     return StrategyError("the optimal strategy needs a batch whose queries select some cell; "
                          "every answer here is 0 whatever the data (use strategy='identity')")
@@ -272,10 +108,10 @@ def _form(workload: WorkloadInfo, symmetry: bool):
         if support.size == 0:
             raise _no_cells()
         Ws = sp.csr_matrix(W[:, support]) / math.sqrt(float(col.max()))
-        lam, U = _eigh((Ws @ Ws.T).toarray())
+        lam, U = eigh((Ws @ Ws.T).toarray())
         keep = lam > RANK_TOL * lam.max()
         F = np.asarray((Ws.T @ U[:, keep]))             # F Fᵀ = Wsᵀ Ws
-        return support, float(col.max()), _Factored(F)
+        return support, float(col.max()), FactoredForm(F)
     V = np.asarray(workload.V, dtype=float)
     if not np.all(np.isfinite(V)):
         raise StrategyError("the optimal strategy needs a finite workload")
@@ -292,27 +128,12 @@ def _form(workload: WorkloadInfo, symmetry: bool):
     try:                                        # full rank? (a cheap test before eigh)
         L = la.cholesky(Vs, lower=True, check_finite=False)
         if np.diag(L).min() ** 2 > 100 * RANK_TOL:
-            return support, scale, _Full(Vs, symmetry)
+            return support, scale, FullForm(Vs, symmetry)
     except la.LinAlgError:
         pass
-    lam, Q = _eigh(Vs)
+    lam, Q = eigh(Vs)
     keep = lam > RANK_TOL * lam.max()
-    return support, scale, _Factored(Q[:, keep] * np.sqrt(lam[keep]))
-
-
-def _anderson(U: list, R: list) -> np.ndarray:
-    """Type-II Anderson step for the fixed point u <- u + r(u), from the last iterates."""
-    u, r = U[-1], R[-1]
-    if len(R) < 2:
-        return u + r
-    dR = np.stack([R[i + 1] - R[i] for i in range(len(R) - 1)], axis=1)
-    dU = np.stack([U[i + 1] - U[i] for i in range(len(U) - 1)], axis=1)
-    coef = np.linalg.lstsq(dR, r, rcond=1e-10)[0]
-    step = r - (dU + dR) @ coef
-    plain = float(np.abs(r).max())
-    if not np.all(np.isfinite(step)) or float(np.abs(step).max()) > 10 * plain + 1e-300:
-        return u + r
-    return u + step
+    return support, scale, FactoredForm(Q[:, keep] * np.sqrt(lam[keep]))
 
 
 def solve(workload: WorkloadInfo, *, tol: float = TOL, max_iterations: int = 100,
@@ -324,20 +145,37 @@ def solve(workload: WorkloadInfo, *, tol: float = TOL, max_iterations: int = 100
     fixed point runs for at most ``max_iterations`` eigendecompositions, stopping at the gap
     or when it stalls, and the best strategy found is returned with its certified gap.
     """
-    support, scale, form = _form(workload, symmetry)
+    if max_iterations < 1:
+        raise StrategyError("the optimal strategy needs max_iterations >= 1")
+    with blas_threads():
+        support, scale, form = _form(workload, symmetry)
+        w = _start(workload.n, support, weights, form.split)
+        used = 0
+        if isinstance(form, FactoredForm) and form.r <= min(LBFGS_MAX_RANK, support.size - 1):
+            w, used = form.ascend(w, LBFGS_EVALUATIONS)
+        best, lower, it = _ascend(form, w, tol, max_iterations)
+        return _assemble(workload.n, support, scale, form, best, lower, used + it)
+
+
+def _start(n: int, support: np.ndarray, weights, split: bool) -> np.ndarray:
+    """The first dual point on the support: uniform, or the caller's warm start."""
     ns = support.size
     w = np.full(ns, 1.0 / ns)
     if weights is not None:
         w0 = np.asarray(weights, dtype=float).reshape(-1)
-        if w0.shape != (workload.n,) or not np.all(np.isfinite(w0)) or w0.min() < 0:
-            raise StrategyError(f"warm-start weights must be {workload.n} finite values >= 0")
+        if w0.shape != (n,) or not np.all(np.isfinite(w0)) or w0.min() < 0:
+            raise StrategyError(f"warm-start weights must be {n} finite values >= 0")
         w0 = w0[support] + 1e-6 * w0[support].sum() / ns + 1e-300
         w = w0 / w0.sum()
-    if form.split:
+    if split:
         w = (w + w[::-1]) / 2                   # concavity: the symmetrised w is no worse
-    used = 0
-    if isinstance(form, _Factored) and form.r <= min(LBFGS_MAX_RANK, ns - 1):
-        w, used = form.ascend(w, LBFGS_EVALUATIONS)
+    return w
+
+
+def _ascend(form, w: np.ndarray, tol: float, max_iterations: int):
+    """The fixed point ``w <- w x^γ`` (Anderson-mixed on log w, plain step when h drops),
+    one eigendecomposition per iteration, until the certified gap is ``<= tol`` or stalls.
+    Returns (best (upper, w, point, rescaled), the largest lower bound, iterations)."""
     u = np.log(np.maximum(w, 1e-300))
     u = np.maximum(u, u.max() - 600.0)
     hist_u, hist_r = [], []
@@ -368,13 +206,11 @@ def solve(workload: WorkloadInfo, *, tol: float = TOL, max_iterations: int = 100
         hist_u.append(np.log(w))
         hist_r.append(GAMMA * np.log(x))
         hist_u, hist_r = hist_u[-(AA_MEMORY + 1):], hist_r[-(AA_MEMORY + 1):]
-        u = _anderson(hist_u, hist_r)
+        u = anderson(hist_u, hist_r)
         if not np.all(np.isfinite(u)):
             raise StrategyError("the optimal strategy's dual iteration diverged")
         u = np.maximum(u, u.max() - 600.0)       # keep every weight representable
-    if best is None:
-        raise StrategyError("the optimal strategy needs max_iterations >= 1")
-    return _assemble(workload.n, support, scale, form, best, lower, used + it)
+    return best, lower, it
 
 
 def _assemble(n: int, support, scale: float, form, best, lower: float,
@@ -396,7 +232,7 @@ def _assemble(n: int, support, scale: float, form, best, lower: float,
     main = math.sqrt(1 - mix) * B
     completion = sp.csr_matrix((np.sqrt(slack[rows]), (np.arange(rows.size), rows)),
                                shape=(rows.size, n))
-    if isinstance(form, _Full):
+    if isinstance(form, FullForm):
         A = np.zeros((B.shape[0], n))
         A[:, support] = main
         if rows.size:
