@@ -5,7 +5,8 @@ Public inputs only (the session charges and the kernel runs the algorithm). A re
 ``mwem`` or ``mwem(option=value, ...)``; options (Hardt, Ligett & McSherry's practical
 variants, see :mod:`dpsql.mechanisms.mwem.core`):
 
-``rounds`` (integer ≥ 1 or ``auto``), ``iterate`` (``last`` or ``average``), ``replay``
+``rounds`` (integer ≥ 1, ``rule`` — the default, :mod:`dpsql.mechanisms.mwem.defaults` — or
+``auto``: doubling), ``iterate`` (``last`` or ``average``), ``replay``
 (integer), ``init_share`` (share of ε for a noisy initial distribution), ``init``
 (``histogram``, or ``marginals``: the product of the noisy one-column marginals), ``cuboids``
 (``true``: select and measure whole GROUP BY groups), ``measure`` (``query``, or
@@ -28,6 +29,7 @@ import numpy as np
 
 from dpsql.noise.accounting import number_from_text
 from dpsql.errors import PolicyError, StrategyError
+from dpsql.mechanisms.mwem import defaults
 from dpsql.mechanisms.mwem.core import Block, MWEMOptions, mwem_error_bound
 from dpsql.mechanisms.mwem.options import check_run
 from dpsql.store.results import Candidate, Explanation
@@ -36,7 +38,7 @@ from dpsql.strategies.spec import parse
 
 #: option -> (kind, help)
 OPTIONS = {
-    "rounds": "integer >= 1 or auto",
+    "rounds": "integer >= 1, rule (the default) or auto",
     "iterate": "last|average",
     "replay": "integer 0..1000",
     "init_share": "number in [0, 1)",
@@ -74,8 +76,8 @@ def mwem_options(spec: str, policy) -> MWEMOptions:
 
 def _value(key: str, kind: str, text: str):
     lower = text.lower()
-    if key == "rounds" and lower == "auto":
-        return "auto"
+    if key == "rounds" and lower in ("rule", "auto"):
+        return lower
     if key in ("rounds", "replay"):
         if kind != "number" or not text.isdigit():
             raise StrategyError(f"mwem option {key!r} needs an integer, got {text!r}")
@@ -89,6 +91,21 @@ def _value(key: str, kind: str, text: str):
     if kind != "number":
         raise StrategyError(f"mwem option {key!r} needs a number, got {text!r}")
     return number_from_text(text, f"mwem option {key!r}", "0.5", StrategyError)
+
+
+def _rounds_shown(options: MWEMOptions, eps_rounds, total, blocks: int) -> tuple[int, str]:
+    """The T an explanation's bound uses, and how it was chosen: the given T; the default
+    rule's T when the row count is public (otherwise the rule's T depends on the run's own
+    noisy estimate of N, and T = 10 is shown); 10 for the doubling rule."""
+    if isinstance(options.rounds, int):
+        return options.rounds, f"T = {options.rounds}"
+    if options.rounds == "rule" and total is not None:
+        T = defaults.default_rounds(eps_rounds, total, blocks)
+        return T, defaults.describe(eps_rounds, total, blocks, T)
+    if options.rounds == "rule":
+        return 10, ("T = 10 shown; the default rule picks T from ε and the run's noisy "
+                    "estimate of the row count")
+    return 10, "T = 10 shown; rounds=auto picks T by doubling"
 
 
 def blocks_for(queries, policy):
@@ -115,10 +132,10 @@ def explain_mwem(policy, compiled, eps, options: MWEMOptions, strategy: str) -> 
     """MWEM's explanation: no expected RMSE (data-dependent), Theorem 2.3's bound instead."""
     n_queries = sum(w.n_queries for w, _ in compiled)
     sizes = [w.n_cells for w, _ in compiled]
-    rounds = options.rounds if isinstance(options.rounds, int) else 10
     share = 1 - options.init_share - (options.total_share or 0)
     eps_rounds = Fraction(eps) * share
     total = policy.rows
+    rounds, t_text = _rounds_shown(options, eps_rounds, total, len(compiled))
     per_record = mwem_error_bound(1, sizes, max(1, n_queries), rounds, eps_rounds) \
         - mwem_error_bound(0, sizes, max(1, n_queries), rounds, eps_rounds)
     constant = mwem_error_bound(0, sizes, max(1, n_queries), rounds, eps_rounds)
@@ -126,8 +143,6 @@ def explain_mwem(policy, compiled, eps, options: MWEMOptions, strategy: str) -> 
         bound = f"{per_record * total + constant:.4g}"
     else:
         bound = f"{per_record:.3g}·N + {constant:.4g} (N = the table's row count)"
-    t_text = (f"T = {rounds}" if isinstance(options.rounds, int)
-              else "T = 10 shown; rounds=auto picks T by doubling")
     note = (f"data-dependent error: no expected RMSE. Paper bound (Hardt, Ligett & McSherry, "
             f"Thm 2.3; plain algorithm, {t_text}): max error <= {bound} with probability "
             f">= 95%")
@@ -323,11 +338,9 @@ def dx_mwem_plan(policy, queries, eps, strategy: str):
         raise _constant_batch("dx_mwem")
     n_queries = sum(w.n_queries for w, _ in compiled)
     sizes = [w.n_cells for w, _ in compiled]
-    rounds = options.rounds if isinstance(options.rounds, int) else 10
     eps_rounds = Fraction(eps) * (1 - options.init_share)
+    rounds, t_text = _rounds_shown(options, eps_rounds, policy.rows, len(compiled))
     bound = dx_mwem_error_bound(policy.rows, sizes, max(1, n_queries), rounds, eps_rounds, c)
-    t_text = (f"T = {rounds}" if isinstance(options.rounds, int)
-              else "T = 10 shown; rounds=auto picks T by doubling")
     note = (f"data-dependent error: no expected RMSE. Paper bound (Kamalaruban et al. Thm 5 = "
             f"Hardt et al. Thm 2.3 at ε/c; plain algorithm, {t_text}): max error <= "
             f"{bound:.4g} with probability >= 95%; score Lipschitz constant c = {c:.4g} per "

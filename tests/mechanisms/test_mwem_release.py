@@ -61,6 +61,17 @@ def test_explain_states_the_paper_bound_and_spends_nothing(adult_db):
     assert snapshot(adult_db) == before
 
 
+@pytest.mark.parametrize("spec, says", [
+    ("mwem", "default rule picks T"), ("mwem(rounds=rule)", "default rule picks T"),
+    ("mwem(rounds=auto)", "doubling"), ("mwem(rounds=7)", "T = 7")])
+def test_explain_names_how_t_is_chosen(adult_db, spec, says):
+    """The default (``rounds=rule``) can be spelled, and explain says how T is chosen: by the
+    rule (from ε and the noisy row count, since adult's is not declared), by doubling, or
+    given."""
+    e = adult_db.explain(BATCH, epsilon=0.5, delta=0, strategy=spec)
+    assert says in e.candidates[0].note
+
+
 def test_aborted_run_refunds_nothing(tmp_path, monkeypatch):
     db = make_adult_db(str(tmp_path / "a.duckdb"), epsilon=1, delta=0,
                        sampler=SeededTestSampler(1))
