@@ -10,6 +10,7 @@ shows it: ``(workload 2) dpsql> ``.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
@@ -102,9 +103,20 @@ def banner(state, db_path: str) -> str:
     return "\n".join(lines)
 
 
+class _CtrlCTasks(logging.Filter):
+    """Ctrl-C ends a prompt with KeyboardInterrupt; when the finished prompt task is
+    collected later, asyncio logs "Task exception was never retrieved" with a traceback
+    (seen with Ctrl-C pressed quickly after another key). The shell already handled it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, KeyboardInterrupt)
+
+
 def run(executor, completer, db_path: str, *, hist: History | None = None) -> int:
     """Read and run submissions until ``\\q`` or Ctrl-D; returns the exit status (0)."""
     state = executor.state
+    logging.getLogger("asyncio").addFilter(_CtrlCTasks())
     holder: list = []
 
     def unfinished() -> bool:
