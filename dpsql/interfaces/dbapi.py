@@ -33,7 +33,7 @@ from sqlglot import exp
 
 from dpsql import errors as dp
 from dpsql.session import InterruptedAfterRelease, Session
-from dpsql.sql.marker import WorkloadBlock, has_marker, notice_discarded, walk
+from dpsql.sql.marker import WorkloadBlock, has_marker, notice_discarded, pieces, walk
 from dpsql.sql.parse import split_statements
 from dpsql.request import CONNECTION_SETTINGS, Request, settings_for
 from dpsql.workload import limits as planning
@@ -257,10 +257,15 @@ class _Template:
                 node.replace(_literal(next(values), position))
             bound.append(tree)
         texts = [tree.sql(dialect="duckdb") for tree in bound]
+        marks = pieces(self.sql)   # workload markers stay as written (sqlglot quotes END)
+        if len(marks) == len(texts):
+            texts = [m.text if m.marker else t for m, t in zip(marks, texts)]
+            bound = [None if m.marker else tree for m, tree in zip(marks, bound)]
         # post-condition: the text parses back to exactly the bound trees
         with _backend():
             again = split_statements(texts)
-        if len(again) != len(bound) or any(a != b for a, b in zip(again, bound)):
+        if len(again) != len(bound) or any(b is not None and a != b
+                                           for a, b in zip(again, bound)):
             raise InterfaceError("the parameters could not be bound exactly as literals; "
                                  "nothing was submitted")
         return texts

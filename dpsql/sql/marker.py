@@ -5,7 +5,7 @@ server that routes through it) walks its statements with :func:`walk` and a
 :class:`WorkloadBlock`, so a block means the same everywhere:
 
 - ``BEGIN WORKLOAD`` opens a block; the queries after it are collected, not released;
-- ``COMMIT`` (also ``END``, ``COMMIT WORKLOAD``) releases the collected queries as ONE
+- ``COMMIT`` (also ``END``, ``END WORKLOAD``) releases the collected queries as ONE
   workload (one charge, one noise draw, one ledger entry);
 - ``ROLLBACK`` (also ``ABORT``) discards them: nothing is charged;
 - plain ``BEGIN`` / ``START TRANSACTION``, and ``COMMIT`` / ``ROLLBACK`` with no block open,
@@ -32,10 +32,10 @@ BEGIN_WORKLOAD, COMMIT, ROLLBACK, BEGIN = "begin workload", "commit", "rollback"
 _FORMS = {
     ("BEGIN", "WORKLOAD"): BEGIN_WORKLOAD,
     ("COMMIT",): COMMIT, ("COMMIT", "WORK"): COMMIT, ("COMMIT", "TRANSACTION"): COMMIT,
-    ("COMMIT", "WORKLOAD"): COMMIT, ("END",): COMMIT, ("END", "WORKLOAD"): COMMIT,
+    ("END",): COMMIT, ("END", "WORKLOAD"): COMMIT,
     ("END", "WORK"): COMMIT, ("END", "TRANSACTION"): COMMIT,
     ("ROLLBACK",): ROLLBACK, ("ROLLBACK", "WORK"): ROLLBACK,
-    ("ROLLBACK", "TRANSACTION"): ROLLBACK, ("ROLLBACK", "WORKLOAD"): ROLLBACK,
+    ("ROLLBACK", "TRANSACTION"): ROLLBACK,
     ("ABORT",): ROLLBACK,
     ("BEGIN",): BEGIN, ("BEGIN", "WORK"): BEGIN, ("BEGIN", "TRANSACTION"): BEGIN,
     ("START", "TRANSACTION"): BEGIN,

@@ -107,6 +107,11 @@ def test_dbapi_one_string_with_a_block_and_executemany_inside(conn):
     cur.execute(f"BEGIN WORKLOAD; {Q2}; {Q3}; COMMIT")       # a pasted block: one release
     assert len(conn.session.ledger()) == 2
     assert cur.rowcount == 1 and cur.nextset() and cur.rowcount > 2
+    # with parameters: the markers stay markers (sqlglot would write END as "END")
+    cur.execute("BEGIN WORKLOAD; SELECT COUNT(*) FROM adult WHERE age >= ?; "
+                "SELECT COUNT(*) FROM adult WHERE age < ?; END", (60, 25))
+    assert len(conn.session.ledger()) == 3 and conn.workload is None
+    assert cur.rowcount == 1 and cur.nextset() and cur.nextset() is None
 
 
 def test_dbapi_rollback_charges_nothing(conn):
