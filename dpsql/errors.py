@@ -114,6 +114,11 @@ class NoTerminal(DpsqlError):
     shell adds how to spend without asking."""
 
 
+class WorkloadBlockError(ParseError):
+    """A workload marker out of place: ``BEGIN WORKLOAD`` inside an open block (blocks do not
+    nest), or a script's block never committed (:mod:`dpsql.sql.marker`). Nothing charged."""
+
+
 class ScriptError(DpsqlError):
     """A script was refused or stopped. ``released``: what it released before stopping;
     ``cause``: the error that stopped it, if any (its row in the table decides the exit
@@ -224,6 +229,8 @@ ERROR_TABLE: dict[type, ErrorRow] = {
                             "strategy unknown or unfit"),
     ScriptError: ErrorRow(EX_DATAERR, "42000", "ProgrammingError",
                           "script refused (a setting missing, a name taken)"),
+    WorkloadBlockError: ErrorRow(EX_DATAERR, "25000", "ProgrammingError",
+                                 "BEGIN WORKLOAD / COMMIT out of place (nested or unclosed)"),
     NoTerminal: ErrorRow(EX_DATAERR, "55000", "OperationalError",
                          "confirmation needed, no terminal"),
     SchemaVersionError: ErrorRow(EX_UNAVAILABLE, "55000", "OperationalError",

@@ -6,7 +6,9 @@ request charges nothing. Accuracy first: a connection set with ``target_rmse`` o
 ``max_stderr`` instead of ``epsilon`` spends the smallest epsilon meeting it, only with
 ``confirm=True`` (``cursor.explain`` shows that epsilon first). With ``reuse`` (the
 default) an execute is answered from past releases wherever they are at least as accurate:
-a batch they answer in full is recorded at zero cost. Parameters (qmark) are bound
+a batch they answer in full is recorded at zero cost. ``BEGIN WORKLOAD`` ... ``COMMIT``
+(:mod:`dpsql.sql.marker`) collects several executes into ONE release, charged at the
+``COMMIT``; ``ROLLBACK`` discards them. Parameters (qmark) are bound
 as literals in sqlglot's syntax tree, never by string formatting. ``threadsafety = 2``:
 threads may share the module and connections, not cursors (a Session holds a per-file lock
 for each whole request, and a connection's settings are read once per execute under its own
@@ -23,6 +25,7 @@ import math
 import numbers
 import os
 import threading
+import warnings
 import weakref
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -30,6 +33,7 @@ from sqlglot import exp
 
 from dpsql import errors as dp
 from dpsql.session import InterruptedAfterRelease, Session
+from dpsql.sql.marker import WorkloadBlock, has_marker, notice_discarded, pieces, walk
 from dpsql.sql.parse import split_statements
 from dpsql.request import CONNECTION_SETTINGS, Request, settings_for
 from dpsql.workload import limits as planning
@@ -79,6 +83,11 @@ class ProgrammingError(DatabaseError):
 
 class NotSupportedError(DatabaseError):
     """The operation does not exist for dpsql (rollback)."""
+
+
+class WorkloadDiscarded(UserWarning):
+    """A connection was closed with a workload block open: its statements were discarded
+    and nothing was charged (a Python warning category, not a PEP 249 exception)."""
 
 
 class BudgetExceeded(OperationalError):
@@ -248,10 +257,15 @@ class _Template:
                 node.replace(_literal(next(values), position))
             bound.append(tree)
         texts = [tree.sql(dialect="duckdb") for tree in bound]
+        marks = pieces(self.sql)   # workload markers stay as written (sqlglot quotes END)
+        if len(marks) == len(texts):
+            texts = [m.text if m.marker else t for m, t in zip(marks, texts)]
+            bound = [None if m.marker else tree for m, tree in zip(marks, bound)]
         # post-condition: the text parses back to exactly the bound trees
         with _backend():
             again = split_statements(texts)
-        if len(again) != len(bound) or any(a != b for a, b in zip(again, bound)):
+        if len(again) != len(bound) or any(b is not None and a != b
+                                           for a, b in zip(again, bound)):
             raise InterfaceError("the parameters could not be bound exactly as literals; "
                                  "nothing was submitted")
         return texts
@@ -334,6 +348,11 @@ class Connection:
             if not own["create"] and not os.path.exists(path):
                 raise dp.DpsqlError(f"database {path!r} does not exist (create=False)")
         self._lock = threading.Lock()
+        self._block = WorkloadBlock()      # BEGIN WORKLOAD ... COMMIT (dpsql.sql.marker)
+        self._block_lock = threading.RLock()
+        #: notices (one line each, oldest first), as psycopg2's ``connection.notices``: the
+        #: no-op BEGIN / COMMIT / ROLLBACK, a discarded or empty workload block
+        self.notices: list[str] = []
         self._cursors: weakref.WeakSet = weakref.WeakSet()
         self.closed = False
         with _backend():
@@ -355,6 +374,13 @@ class Connection:
     def _snapshot(self) -> dict:
         with self._lock:
             return dict(self._settings)
+
+    @property
+    def workload(self) -> tuple | None:
+        """The statements collected by an open ``BEGIN WORKLOAD`` block (released as one
+        workload at ``COMMIT``), or None when no block is open."""
+        with self._block_lock:
+            return tuple(self._block.statements) if self._block.is_open else None
 
     @property
     def session(self) -> Session:
@@ -382,6 +408,12 @@ class Connection:
 
     @check_closed
     def close(self) -> None:
+        with self._block_lock:
+            if self._block.is_open:     # never released implicitly: discarded, with a warning
+                message = ("connection closed with a workload block open: "
+                           + notice_discarded(len(self._block.close())))
+                self.notices.append(message)
+                warnings.warn(message, WorkloadDiscarded, stacklevel=2)
         self.closed = True
         with self._lock:
             cursors = list(self._cursors)
@@ -417,6 +449,7 @@ class Cursor:
         self._sets: list | None = None    # ResultTable per statement of the last release
         self._set = 0
         self._row = 0
+        self._empty = "no result set: call execute() or executemany() first"
 
     @property
     def closed(self) -> bool:
@@ -427,7 +460,7 @@ class Cursor:
     def execute(self, operation: str, parameters: Sequence | None = None) -> "Cursor":
         """Answer ``operation`` (one or more statements) as one charged release."""
         self._reset()
-        return self._answer(_Template(operation).bind(parameters))
+        return self._run(_Template(operation).bind(parameters))
 
     @check_closed
     def executemany(self, operation: str, seq_of_parameters) -> "Cursor":
@@ -447,20 +480,70 @@ class Cursor:
             texts.extend([bound] if isinstance(bound, str) else bound)
         if not texts:
             return self
-        return self._answer(texts)
+        return self._run(texts)
 
     @check_closed
-    def explain(self, operation: str, parameters: Sequence | None = None):
+    def explain(self, operation: str | None = None, parameters: Sequence | None = None):
         """Expected accuracy under the connection's settings: reads no data, charges nothing.
         With an accuracy target, the explanation is at the smallest ε meeting it (its
-        ``epsilon`` is what an execute with ``confirm=True`` would spend)."""
-        sql = _Template(operation).bind(parameters)
+        ``epsilon`` is what an execute with ``confirm=True`` would spend). Without an
+        operation: the open workload block (what its ``COMMIT`` would release)."""
+        if operation is None:
+            sql = list(self.connection.workload or ())
+            if not sql:
+                raise ProgrammingError("explain() without SQL explains the open workload "
+                                       "block, and none is open (or it is empty); pass SQL, "
+                                       "or execute BEGIN WORKLOAD and some statements first")
+        else:
+            sql = _Template(operation).bind(parameters)
+        return self._explain(sql)
+
+    def _explain(self, sql):
         s = self.connection._snapshot()
         with _backend(), self.connection._planning():
             return self.connection._session.explain(
                 sql, **{k: v for k, v in s.items() if k in _EXPLAIN_SETTINGS})
 
-    def _answer(self, sql: str | list[str]) -> "Cursor":
+    def _run(self, sql: str | list[str]) -> "Cursor":
+        """Answer ``sql``, walking its workload markers (:func:`dpsql.sql.marker.walk`) when
+        it has any or a block is open: queries inside a block are checked (explained with
+        the block so far) and collected; ``COMMIT`` releases the block as one workload. The
+        result sets of every release this execute made are loaded, in order."""
+        conn = self.connection
+        texts = [sql] if isinstance(sql, str) else sql
+        with conn._block_lock:
+            if not conn._block.is_open and not any(has_marker(t) for t in texts):
+                self._answer(sql)
+                return self
+            try:
+                for step in walk(sql, conn._block):
+                    if step.kind == "collect":
+                        self._collect(step.text)
+                    elif step.kind == "notice":
+                        conn.notices.append(step.text)
+                    else:
+                        self._answer(step.text if step.kind == "answer" else
+                                     list(step.statements))
+            except dp.WorkloadBlockError as exc:
+                raise error_class(exc)(str(exc)) from exc
+        if self._sets is None and conn._block.is_open:
+            self._empty = (f"the statement was added to the open workload block "
+                           f"({conn._block.describe()}); COMMIT releases them as one workload")
+        return self
+
+    def _collect(self, text: str) -> None:
+        """Add one statement to the open block once the block with it explains (a refused
+        statement is not added; the block stays open as it was)."""
+        block = self.connection._block
+        try:
+            self._explain([*block.statements, text])
+        except Error as exc:
+            raise type(exc)(f"{exc}; the statement was not added to the open workload "
+                            f"block ({block.describe()}): fix it and execute it again, or "
+                            "ROLLBACK to discard the block") from exc.__cause__
+        block.add(text)
+
+    def _answer(self, sql: str | list[str]) -> None:
         settings = self.connection._snapshot()
         try:
             with _backend(), self.connection._planning():
@@ -469,18 +552,19 @@ class Cursor:
             self._load(exc.release)
             raise
         self._load(release)
-        return self
 
     def _load(self, release) -> None:
+        """Add a release's result sets (several releases of one execute: all, in order)."""
         self.release = release
-        self._sets, self._set, self._row = list(release.results), 0, 0
+        self._sets = (self._sets or []) + list(release.results)
 
     def _reset(self) -> None:
         self._sets, self._set, self._row = None, 0, 0   # a failed execute leaves no results
+        self._empty = "no result set: call execute() or executemany() first"
 
     def _current(self):
         if self._sets is None:
-            raise ProgrammingError("no result set: call execute() or executemany() first")
+            raise ProgrammingError(self._empty)
         return self._sets[self._set]
 
     # ---------------------------------------------------------------- results

@@ -29,7 +29,9 @@ appear anywhere. A statement is either a *setting* or a *query*:
 :meth:`Session.answer` call: one ledger row, its budget reserved all-or-nothing. A ``SET``
 that follows a query ends the current workload; the next query starts a new one. Settings
 carry over from one workload to the next until changed. A ``SET`` followed by no query is
-refused (it would have no effect). The caller's defaults (the command line's ``--epsilon``,
+refused (it would have no effect). A workload block (``BEGIN WORKLOAD;`` ... ``COMMIT;``,
+:mod:`dpsql.sql.marker`) is one workload of its own; ``ROLLBACK;`` drops its queries; a
+``SET`` inside it, a nested or an unclosed block are refused. The caller's defaults (the command line's ``--epsilon``,
 ``--delta``, ``--strategy``, ``--calibration``, ``--model``, ``--target-rmse``, ...) apply until a
 ``SET`` overrides them; the caller's ``release`` overrides every ``SET dpsql.release``.
 

@@ -16,7 +16,8 @@ from sqlglot import exp
 from sqlglot.tokens import TokenType
 
 from dpsql.errors import (DpsqlError, ParseError, PrivacyParameterError, ScriptError,
-                          UnsupportedQueryError)
+                          UnsupportedQueryError, WorkloadBlockError)
+from dpsql.sql import marker as markers
 from dpsql.sql.parse import _position, split_statements
 
 #: the fields of a workload that hold an accuracy target (the declaration's targets:
@@ -50,6 +51,7 @@ class Statement:
     column: int
     end_line: int
     normalized: str              # sqlglot's DuckDB text, without comments
+    marker: str | None = None    # BEGIN WORKLOAD, COMMIT, ... (dpsql.sql.marker), else None
 
 
 @dataclass(frozen=True)
@@ -127,13 +129,18 @@ def parse_script(text: str, *, declared: dict, defaults: dict | None = None,
     defaults = {k: v for k, v in (defaults or {}).items() if v is not None}
     asks = tuple(name for name, setting in declared.items() if setting.ask)
     check_asks(*(defaults.get(k) for k in asks), " as defaults")
-    statements = _split(text)
+    split = _split(text)         # the digest counts the markers: they group the workloads
+    digest = hashlib.sha256(";\n".join(s.normalized for s in split).encode()).hexdigest()
+    statements = _blocks(split)
     current = {name: setting.default for name, setting in declared.items()} | defaults
-    digest = hashlib.sha256(";\n".join(s.normalized for s in statements).encode()).hexdigest()
     groups: list[tuple[dict, list[Statement]]] = []
     pending_set: Statement | None = None
     asked: dict = {}             # epsilon / target set since the last query: (line, column)
+    new_group = False            # a workload block started or ended: so does the workload
     for st in statements:
+        if st is _BREAK:
+            new_group = True
+            continue
         if isinstance(st.expr, exp.Set):
             _apply_set(st, current, declared, asked)
             pending_set = st
@@ -142,9 +149,9 @@ def parse_script(text: str, *, declared: dict, defaults: dict | None = None,
                 f"this SET form is not supported; write SET dpsql.<name> = <value> "
                 f"({_allowed(declared)})", st.line, st.column)
         else:
-            if pending_set is not None or not groups:
+            if pending_set is not None or not groups or new_group:
                 groups.append((dict(current), []))
-            pending_set = None
+            pending_set, new_group = None, False
             asked = {}
             groups[-1][1].append(st)
     if pending_set is not None:
@@ -208,7 +215,43 @@ def _split(text: str) -> list[Statement]:
         start, end = toks[0].start, toks[-1].end + 1
         line, col = where(start)
         out.append(Statement(expr, start, end, semicolon, line, col, where(end - 1)[0],
-                             expr.sql(dialect="duckdb", comments=False)))
+                             expr.sql(dialect="duckdb", comments=False),
+                             markers.marker_of([t.text for t in toks]) if len(toks) <= 2
+                             else None))
+    return out
+
+
+_BREAK = object()     # where a workload block starts or ends, in what _blocks returns
+
+
+def _blocks(statements: list[Statement]) -> list:
+    """The statements with the workload markers applied (:mod:`dpsql.sql.marker`): each
+    ``BEGIN WORKLOAD`` and ``COMMIT`` of a block becomes a break between workloads, a
+    rolled-back block's statements are dropped, plain ``BEGIN`` / ``COMMIT`` / ``ROLLBACK``
+    are no-ops. Nested, unclosed blocks and a SET inside a block are refused."""
+    out: list = []
+    block, start, opened = markers.WorkloadBlock(), 0, None
+    for st in statements:
+        if st.marker is None:
+            if block.is_open and isinstance(st.expr, (exp.Set, exp.Command)):
+                raise WorkloadBlockError(
+                    f"a SET inside a workload block (opened at line {opened.line}); put "
+                    "settings before BEGIN WORKLOAD: a block is one workload with one "
+                    "set of settings", st.line, st.column)
+            out.append(st)
+        elif st.marker == markers.BEGIN_WORKLOAD:
+            block.begin(st.line, st.column)
+            start, opened = len(out), st
+            out.append(_BREAK)
+        elif block.is_open and st.marker in (markers.COMMIT, markers.ROLLBACK):
+            block.close()
+            if st.marker == markers.ROLLBACK:
+                del out[start:]
+            out.append(_BREAK)
+    if block.is_open:
+        raise WorkloadBlockError(
+            f"BEGIN WORKLOAD at line {opened.line} is never committed; end the block with "
+            "COMMIT; (or ROLLBACK; to discard it)", opened.line, opened.column)
     return out
 
 

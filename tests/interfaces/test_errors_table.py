@@ -31,7 +31,7 @@ POSTGRES_CODES = {
     "08P01": "protocol_violation", "58P01": "undefined_file", "58000": "system_error",
     "55000": "object_not_in_prerequisite_state", "55P03": "lock_not_available",
     "53400": "configuration_limit_exceeded", "54000": "program_limit_exceeded",
-    "XX000": "internal_error",
+    "XX000": "internal_error", "25000": "invalid_transaction_state",
     # the PostgreSQL-wire server's refusals (docs/server.md)
     "42501": "insufficient_privilege", "28P01": "invalid_password",
     "53300": "too_many_connections", "57014": "query_canceled",
@@ -152,6 +152,7 @@ CLI_CASES = {
     "PrivacyParameterError": (["run", "{db}", "-", "--epsilon", "-1", "--delta", "1e-6"], Q),
     "StrategyError": (["run", "{db}", "-", *EPS, "--strategy", "nonsense"], Q),
     "ScriptError": (["run", "{db}", "-"], Q),                     # no epsilon given
+    "WorkloadBlockError": (["run", "{db}", "-", *EPS], f"BEGIN WORKLOAD; {Q};"),  # unclosed
     "NoTerminal": (["shell", "{db}", "--delta", "1e-6", "--target-rmse", "60", "-e",
                     Q + ";"], ""),
     "EngineError": (["budget", "{notduck}"], None),

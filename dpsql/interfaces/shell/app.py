@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(args) -> int:
     from dpsql.session import connect
+    from dpsql.interfaces.shell import batch as blocks
     from dpsql.interfaces.shell.completer import DpsqlCompleter
     from dpsql.interfaces.shell.executor import Executor
     from dpsql.interfaces.shell.settings import ShellState
@@ -92,7 +93,8 @@ def _main(args) -> int:
                 return ex.status
             if keep_going is False:
                 break
-    return 0
+        blocks.finish(ex, interactive=False)      # an unclosed block: an error, as in scripts
+    return ex.status
 
 
 def _batch_confirm(reason: str) -> bool:

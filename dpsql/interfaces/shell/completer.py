@@ -99,7 +99,7 @@ class DpsqlCompleter(Completer):
             yield from _matching(args[1], ("on", "off"), "value", case=False)
         elif name == "\\set" and len(args) == 2 and args[0].lower() in TARGETS:
             yield from _matching(args[1], ("off",), "value", case=False)
-        elif name in ("\\domain", "\\budget", "\\ledger") and len(args) == 1:
+        elif name in ("\\domain", "\\d", "\\budget", "\\ledger") and len(args) == 1:
             yield from _matching(args[0], sorted(policies), "table", case=False)
         elif name == "\\explain":
             rest = line[len(name):]

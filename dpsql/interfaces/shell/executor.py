@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import csv
 import re
+import time
 from fractions import Fraction
 
 from dpsql.errors import (EX_DATAERR, EXIT_INTERRUPTED, DpsqlError, NoTerminal, exit_status,
                           one_line)
-from dpsql.store.results import format_table
 from dpsql.session import InterruptedAfterRelease
 from dpsql.sql.parse import parse_batch
-from dpsql.interfaces.shell import metacommands
+from dpsql.interfaces.shell import batch, display, metacommands
 from dpsql.interfaces.shell.progress import progress
 from dpsql.interfaces.shell.settings import show_exact, show_target
 
@@ -47,9 +47,19 @@ def is_meta(line: str) -> bool:
     return line.lstrip().startswith("\\")
 
 
+#: words typed alone that act as in psql: leave, or show the help
+WORDS = {"exit": "\\q", "quit": "\\q", "help": "\\help"}
+
+
+def word_alone(text: str) -> str | None:
+    """The meta-command of ``exit``, ``quit`` or ``help`` typed alone (``;`` allowed)."""
+    return WORDS.get(text.strip().rstrip(";").strip().lower())
+
+
 def submission_complete(text: str) -> bool:
-    """Should Enter submit ``text``? Empty, last line ends with ``;`` or is a meta-command."""
-    if not text.strip():
+    """Should Enter submit ``text``? Empty, last line ends with ``;`` or is a meta-command,
+    or the text is ``exit``, ``quit`` or ``help`` alone."""
+    if not text.strip() or word_alone(text):
         return True
     last = text.rstrip("\n").split("\n")[-1]
     return ends_statement(last) or is_meta(last)
@@ -84,6 +94,10 @@ class Executor:
         self.failed = False             # any error so far
         self.status = 0                 # exit status of the first error (dpsql.errors table)
         self.cancelled = False          # a request was stopped by Ctrl-C
+        self.display = display.Display()   # \x, \o, \pset pager, \timing
+        self.block = batch.WorkloadBlock()  # BEGIN WORKLOAD ... COMMIT (dpsql.sql.marker)
+        self.recent: list = []          # releases entered one by one (batch.hint)
+        self.hinted = False             # the one-by-one hint is said once
 
     # ------------------------------------------------------------------ output
     def say(self, text: str = "") -> None:
@@ -101,9 +115,31 @@ class Executor:
         message = one_line(error) if isinstance(error, BaseException) else error
         print(f"error: {message}", file=self.err, flush=True)
 
+    @property
+    def results(self):
+        """Where results go: the file of ``\\o FILE``, else the output."""
+        return self.display.file or self.out
+
+    def emit(self, text: str) -> None:
+        """Results: to ``\\o``'s file or the output, paged when taller than the screen."""
+        display.emit(self.display, self.results, text,
+                     interactive=self.state.interactive)
+
     # ------------------------------------------------------------------ submissions
     def submit(self, text: str) -> bool:
-        """Run one submission; False when the shell should exit."""
+        """Run one submission; False when the shell should exit. ``exit``, ``quit`` and
+        ``help`` typed alone are ``\\q`` and ``\\help``; ``\\timing`` times it."""
+        word = word_alone(text)
+        if word:
+            text = word
+        started = time.perf_counter()
+        try:
+            return self._submit(text)
+        finally:
+            if self.display.timing:
+                self.note(f"Time: {(time.perf_counter() - started) * 1000:.3f} ms")
+
+    def _submit(self, text: str) -> bool:
         pending: list[str] = []
         for line in text.split("\n"):
             if not is_meta(line):
@@ -116,7 +152,7 @@ class Executor:
             if sql and name == "\\explain" and not arg:
                 arg = sql
             elif sql and ends_statement(sql.split("\n")[-1]):
-                self.guarded(self.answer, sql)
+                self.guarded(batch.run_sql, self, sql)
                 if self.failed and self.stop_on_error:
                     return True
             elif sql:
@@ -127,7 +163,7 @@ class Executor:
                 return True
         sql = "\n".join(pending).strip()
         if sql:
-            self.guarded(self.answer, sql)
+            self.guarded(batch.run_sql, self, sql)
         return True
 
     def guarded(self, fn, *args):
@@ -215,6 +251,7 @@ class Executor:
         if confirmed is not None and release.epsilon > confirmed:
             self.note(f"note: epsilon={release.epsilon:g} was charged, not the {confirmed:g} "
                       "confirmed: the table's policy or past releases changed meanwhile")
+        return release
 
     # ------------------------------------------------------------------ helpers
     def _cancel(self, message: str) -> None:
@@ -228,19 +265,17 @@ class Executor:
         head = release_head(release)
         if self.csv_output:
             self.note(head)
-            writer = csv.writer(self.out, lineterminator="\n")
+            writer = csv.writer(self.results, lineterminator="\n")
             for i, result in enumerate(release.results):
                 if i:
-                    self.out.write("\n")
+                    self.results.write("\n")
                 writer.writerow(result.columns)
                 writer.writerows(["" if v is None else v for v in row] for row in result.rows)
-            self.out.flush()
+            self.results.flush()
         else:
-            self.say(head)
-            for result in release.results:
-                self.say()
-                self.say(format_table(result.columns, result.rows, title=result.name,
-                                      max_rows=MAX_ROWS))
+            self.emit("\n\n".join([head] + [
+                display.render(self.display, r.columns, r.rows, r.name, MAX_ROWS)
+                for r in release.results]))
         budget = self.state.budget
         metric = self.state.metric_budget()
         if model == "metric" and metric is not None:
@@ -334,9 +369,9 @@ class Executor:
     def table(self, columns, rows, title=None) -> None:
         """Print rows as an aligned table (or CSV in CSV mode)."""
         if self.csv_output:
-            writer = csv.writer(self.out, lineterminator="\n")
+            writer = csv.writer(self.results, lineterminator="\n")
             writer.writerow(columns)
             writer.writerows(["" if v is None else v for v in row] for row in rows)
-            self.out.flush()
+            self.results.flush()
         else:
-            self.say(format_table(columns, rows, title=title, max_rows=MAX_ROWS))
+            self.emit(display.render(self.display, columns, rows, title, MAX_ROWS))

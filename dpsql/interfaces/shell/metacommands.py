@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from dpsql.errors import DpsqlError, UnknownTableError
+from dpsql.interfaces.shell import batch, display
 from dpsql.interfaces.shell.settings import ASKS, SETTINGS, show_exact
 
 
@@ -61,7 +62,8 @@ def _table(ex, arg: str) -> str:
     return name
 
 
-@command("\\q", "\\q", "leave the shell (Ctrl-D too)", aliases=("\\quit",))
+@command("\\q", "\\q", "leave the shell (Ctrl-D, or exit / quit typed alone, too)",
+         aliases=("\\quit",))
 def _quit(ex, arg):
     return False
 
@@ -75,7 +77,10 @@ def _help(ex, arg):
             seen.append(cmd)
     width = max(len(c.usage) for c in seen)
     ex.say("Type SQL COUNT statements ending with ';'. Statements entered together (pasted,\n"
-           "or continued over several lines) are answered as ONE workload.\n")
+           "or continued over several lines) are answered as ONE workload. To build a batch\n"
+           "line by line: BEGIN WORKLOAD; (or \\begin), the statements, then COMMIT; (or\n"
+           "\\end) releases them as ONE workload; ROLLBACK; discards them. Each statement\n"
+           "added shows what the batch would cost and its expected error.\n")
     for cmd in seen:
         ex.say(f"  {cmd.usage:<{width}}  {cmd.help}")
     ex.say("\nAsk by accuracy instead of epsilon: \\set target_rmse 50 (the batch's expected\n"
@@ -197,3 +202,44 @@ def _domain(ex, arg):
     ex.table(("column", "type", "nullable", "domain"),
              [(c, d.describe()["type"], "yes" if d.nullable else "no", describe_domain(d))
               for c, d in policy.columns], title=f"{name}: declared domains")
+
+
+@command("\\d", "\\d [TABLE]", "psql's \\d: \\tables, or \\domain TABLE with a table")
+def _d(ex, arg):
+    return _domain(ex, arg) if arg.strip() else _tables(ex, arg)
+
+
+@command("\\dt", "\\dt", "psql's \\dt: the same as \\tables")
+def _dt(ex, arg):
+    return _tables(ex, arg)
+
+
+@command("\\begin", "\\begin", "BEGIN WORKLOAD;: collect the next statements into one workload")
+def _begin(ex, arg):
+    batch.run_sql(ex, "BEGIN WORKLOAD;")
+
+
+@command("\\end", "\\end", "COMMIT;: release the collected statements as ONE workload")
+def _end(ex, arg):
+    batch.run_sql(ex, "COMMIT;")
+
+
+@command("\\x", "\\x [on|off|auto]", "expanded display: one line per column (auto: when too wide)")
+def _x(ex, arg):
+    ex.note(display.set_expanded(ex.display, arg))
+
+
+@command("\\timing", "\\timing [on|off]", "show how long each command took")
+def _timing(ex, arg):
+    ex.note(display.set_timing(ex.display, arg))
+
+
+@command("\\o", "\\o [FILE]", "send results to FILE; \\o alone: back to the terminal")
+def _o(ex, arg):
+    ex.note(display.redirect(ex.display, arg))
+
+
+@command("\\pset", "\\pset pager [on|off|always]",
+         "the pager ($PAGER, else less) for results taller than the screen")
+def _pset(ex, arg):
+    ex.note(display.set_pager(ex.display, arg))

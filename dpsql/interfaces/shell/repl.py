@@ -1,12 +1,16 @@
 """The prompt_toolkit loop: history, multi-line entry, completion, highlighting, toolbar.
 
 Enter submits when the text is complete (empty, or its last line ends with ``;`` or is a
-meta-command) and otherwise starts a new line; Esc then Enter submits anyway. Ctrl-C at the
-prompt clears the line; Ctrl-D leaves.
+meta-command, or ``exit`` / ``quit`` / ``help`` alone) and otherwise starts a new line; Esc
+then Enter submits anyway. Ctrl-C at the prompt clears the line; Ctrl-D leaves. Ctrl-R
+searches the history (Ctrl-G or Ctrl-C abandons the search); every default key binding is
+exercised by tests/interfaces/test_shell_keys.py. While a workload block is open the prompt
+shows it: ``(workload 2) dpsql> ``.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
@@ -15,6 +19,7 @@ from prompt_toolkit.application.current import get_app
 from prompt_toolkit.filters import Condition
 from prompt_toolkit.history import FileHistory, History, InMemoryHistory
 
+from dpsql.interfaces.shell import batch
 from dpsql.interfaces.shell.executor import submission_complete
 from dpsql.interfaces.shell.settings import show_exact, show_target
 
@@ -98,12 +103,28 @@ def banner(state, db_path: str) -> str:
     return "\n".join(lines)
 
 
+class _CtrlCTasks(logging.Filter):
+    """Ctrl-C ends a prompt with KeyboardInterrupt; when the finished prompt task is
+    collected later, asyncio logs "Task exception was never retrieved" with a traceback
+    (seen with Ctrl-C pressed quickly after another key). The shell already handled it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, KeyboardInterrupt)
+
+
 def run(executor, completer, db_path: str, *, hist: History | None = None) -> int:
     """Read and run submissions until ``\\q`` or Ctrl-D; returns the exit status (0)."""
     state = executor.state
+    logging.getLogger("asyncio").addFilter(_CtrlCTasks())
+    holder: list = []
 
     def unfinished() -> bool:
-        return not submission_complete(get_app().current_buffer.text)
+        # the text being entered, never the search field's: while Ctrl-R searches, the
+        # current buffer is the search text, and a multi-line state flipping with it left
+        # prompt_toolkit's search links inconsistent (Ctrl-G then crashed the prompt)
+        buffer = holder[0].default_buffer if holder else get_app().current_buffer
+        return not submission_complete(buffer.text)
 
     def toolbar() -> str:
         try:
@@ -112,10 +133,12 @@ def run(executor, completer, db_path: str, *, hist: History | None = None) -> in
             return " \\help "
 
     prompt = PromptSession(
-        message=PROMPT, multiline=Condition(unfinished), prompt_continuation=CONTINUATION,
+        message=lambda: batch.prompt_of(executor, PROMPT), multiline=Condition(unfinished),
+        prompt_continuation=CONTINUATION,
         history=hist if hist is not None else history(), completer=completer,
         complete_while_typing=True, lexer=sql_lexer(), bottom_toolbar=toolbar,
         enable_history_search=False)
+    holder.append(prompt)
     executor.say(banner(state, db_path))
     while True:
         try:
@@ -131,4 +154,5 @@ def run(executor, completer, db_path: str, *, hist: History | None = None) -> in
                 break
         except KeyboardInterrupt:
             executor.note("interrupted")
+    batch.finish(executor, interactive=True)
     return 0
