@@ -32,7 +32,7 @@ import sys
 import tempfile
 from importlib import resources
 
-from dpsql.errors import DpsqlError, InputFileError
+from dpsql.errors import DpsqlError, InputFileError, RequestCancelled, Terminated
 from dpsql.interfaces.exits import Parser, epilog, guarded, lock_notice, read_script
 from dpsql.request import CONNECTION_SETTINGS, given, settings_for
 from dpsql.workload import limits as planning
@@ -211,7 +211,12 @@ def _script(args, *, dry_run: bool) -> int:
     lock = limits.pop("lock_timeout", CONNECTION_SETTINGS["lock_timeout"].default)
     with connect(args.db, lock_timeout=lock, on_lock_wait=lock_notice()) as db, \
             planning.applied(**limits):
-        plan = check_script(db, script, replace=args.replace)
+        try:        # plans every workload (the long part): a cancel here charged nothing
+            plan = check_script(db, script, replace=args.replace)
+        except KeyboardInterrupt as exc:
+            stopped = Terminated if isinstance(exc, Terminated) else RequestCancelled
+            raise stopped("while checking the script, before any release; nothing was "
+                          "charged") from None
         if dry_run:
             out.plan(plan)
         if plan.budget_error is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import signal
 import sys
@@ -124,7 +125,7 @@ def lock_notice(stream=None):
             return
         clear = "\r\x1b[K" if out.isatty() else ""     # over the shell's spinner line
         who = holder or "another process"
-        print(f"{clear}database locked by {who}; waiting up to {remaining:.0f} s more "
+        print(f"{clear}database locked by {who}; waiting up to {math.ceil(remaining)} s more "
               f"({CONNECTION_SETTINGS['lock_timeout'].flag}), Ctrl-C cancels", file=out,
               flush=True)
     return notice
