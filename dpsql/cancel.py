@@ -32,6 +32,7 @@ import os
 import pickle
 import select
 import signal
+import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Callable
@@ -137,13 +138,18 @@ class _WorkerLost(Exception):
 def _in_worker(fn: Callable, args: tuple):
     read_end, write_end = os.pipe()
     parent = os.getpid()
-    pid = os.fork()
-    if pid == 0:                                      # the child: numerics only
-        os.close(read_end)
-        _child(write_end, parent, fn, args)
-    os.close(write_end)
-    chunks, finished = [], False
+    lost: list = []
+    pid, chunks, finished = None, [], False
     try:
+        with _interrupts_kept(lost):
+            pid = os.fork()
+            if pid == 0:                              # the child: numerics only
+                os.close(read_end)
+                _child(write_end, parent, fn, args)
+        os.close(write_end)
+        write_end = None
+        if lost:                  # Ctrl-C / SIGTERM during the fork itself
+            raise lost[0]
         while True:
             check()
             ready, _, _ = select.select([read_end], [], [], POLL_SECONDS)
@@ -154,12 +160,39 @@ def _in_worker(fn: Callable, args: tuple):
                     break
                 chunks.append(data)
     finally:
-        os.close(read_end)
-        if not finished:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        _, status = os.waitpid(pid, 0)
+        for fd in (read_end, write_end):
+            if fd is not None:
+                os.close(fd)
+        if pid:
+            if not finished:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            _, status = os.waitpid(pid, 0)
     return _result(b"".join(chunks), status)
+
+
+@contextlib.contextmanager
+def _interrupts_kept(lost: list):
+    """Around ``os.fork()``: Python runs its at-fork callbacks there, and an exception a
+    signal handler raises inside one is only printed as "unraisable" and dropped — a
+    Ctrl-C or SIGTERM landing then would be lost. Catch such an interrupt into ``lost``
+    (the caller re-raises it); hold SIGINT and SIGTERM in this thread meanwhile."""
+    previous = sys.unraisablehook
+
+    def keep(unraisable) -> None:
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            lost.append(unraisable.exc_value)
+        else:
+            previous(unraisable)
+
+    held = {signal.SIGINT, signal.SIGTERM}
+    sys.unraisablehook = keep
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        sys.unraisablehook = previous
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)   # a held signal arrives now
 
 
 def _result(data: bytes, status: int):
@@ -183,6 +216,7 @@ def _child(write_end: int, parent: int, fn: Callable, args: tuple) -> None:
     try:
         for s in (signal.SIGINT, signal.SIGTERM):
             signal.signal(s, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
         _die_with(parent)
         gc.disable()         # no finalizers of the parent's objects (DuckDB's) run here
         _CURRENT.set(None)

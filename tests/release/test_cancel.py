@@ -170,6 +170,30 @@ def test_a_cancelled_token_stops_before_the_charge(adult_db):
     assert adult_db.ledger() == []
 
 
+def _raise_interrupt():
+    raise KeyboardInterrupt
+
+
+_AT_FORK: list = []         # what the at-fork hook below does in this test process, if armed
+os.register_at_fork(after_in_parent=lambda: _AT_FORK and _AT_FORK[0]())
+
+
+@pytest.mark.parametrize("interrupt", [
+    lambda: os.kill(os.getpid(), signal.SIGINT),      # a real Ctrl-C during the fork
+    _raise_interrupt,        # an interrupt raised inside an at-fork callback (unraisable)
+], ids=["signal", "in-callback"])
+def test_an_interrupt_during_the_fork_is_not_lost(interrupt):
+    """Python runs at-fork callbacks inside os.fork() and drops ("unraisable") exceptions
+    raised there: a Ctrl-C landing then must still cancel, and the worker be reaped."""
+    _AT_FORK.append(interrupt)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            cancel.run(time.sleep, 60, seconds=10.0)   # lost interrupt: returns, test fails
+    finally:
+        _AT_FORK.clear()
+    assert children(os.getpid()) == []
+
+
 # --------------------------------------------------------------------------- terminals
 
 def paste(child, text: str) -> None:
