@@ -5,8 +5,8 @@ back, for each long planning step, against the 1-s target (issue 22 item 2).
     PYTHONPATH=. python benchmarks/cancel.py --full     # also the full selection's duration
 
 Steps: strategy selection by each slow strategy (``optimal``, ``coa``, ``eigen``, and
-``auto``) over 600 random ranges of a 2,048-value column, and MWEM's planning of the same
-batch. Routes:
+``auto``) over 600 random ranges of a 2,048-value column; MWEM's planning of the same batch
+runs inline and is timed (its duration bounds the latency there). Routes:
 
 - ``SIGINT`` / ``SIGTERM``: ``dpsql explain`` of the batch in a child process; the signal is
   sent once the selection's worker process exists (or after 2 s for a step without one);
@@ -42,7 +42,7 @@ from dpsql.workload import limits  # noqa: E402
 
 N_CELLS, N_RANGES = 2048, 600
 TARGET = 1.0
-STEPS = ("optimal", "coa", "eigen", "auto", "mwem")
+STEPS = ("optimal", "coa", "eigen", "auto")
 
 
 def batch(seed: int = 1) -> list[str]:
@@ -93,11 +93,27 @@ def in_long_step(pid: int, alive, patience: float) -> str:
 
 
 def patience(step: str) -> float:
-    return 1.0 if step == "mwem" else 120.0
+    return 120.0
 
 
 def delta_of(step: str) -> str:
-    return "0" if step == "mwem" else "1e-6"
+    return "0" if step.startswith("mwem") else "1e-6"
+
+
+def mwem_planning(path: str, sql: list[str]) -> None:
+    """MWEM's planning (compile, blocks, run-time check, explanation) runs inline: its
+    duration bounds a cancel's latency there (SIGINT lands at once; a token at its end)."""
+    with dpsql.connect(path) as db:
+        for rounds in (10, 1000):
+            started = time.monotonic()
+            cpu = time.process_time()
+            try:
+                db.explain(sql, epsilon=0.5, delta=0, strategy=f"mwem(rounds={rounds})")
+                outcome = "planned"
+            except Exception as exc:          # e.g. refused by its run-time bound
+                outcome = f"refused ({type(exc).__name__})"
+            print(f"mwem(rounds={rounds}) planning: {time.monotonic() - started:.3f} s wall, "
+                  f"{time.process_time() - cpu:.3f} s CPU, {outcome}", flush=True)
 
 
 def by_signal(path: str, script: str, step: str, sig: int) -> tuple[float, str, str]:
@@ -182,6 +198,7 @@ def main() -> None:
                 mark = "ok" if latency <= TARGET else "OVER"
                 print(f"{step:<10} {route:<9} {place:<7} {latency:9.3f}  {outcome} {mark}",
                       flush=True)
+        mwem_planning(path, sql)
         print(f"worst latency {worst:.3f} s ({'within' if worst <= TARGET else 'over'} the "
               f"{TARGET:g}-s target)")
         if "--full" in sys.argv:
