@@ -35,8 +35,8 @@ from ..conftest import ADULT_POLICY, ROOT, raw_adult_file
 # a test runner started in the background inherits SIGINT ignored: take Python's back
 signal.signal(signal.SIGINT, signal.default_int_handler)
 
-#: the selection below takes at least this long on the project's machine (CPU seconds of
-#: `optimal` over 600 ranges of 2,048 cells, measured by benchmarks/cancel.py)
+#: the selection below takes at least this long on the project's machine (`optimal` over 600
+#: ranges of 2,048 cells: 97 s CPU, 323 s wall, benchmarks/results/cancel.txt)
 SELECTION_SECONDS = 60.0
 #: control must come back within this share of the selection's duration
 SHARE = 0.2
