@@ -96,6 +96,18 @@ class LockTimeoutError(DpsqlError):
     """Another process held the database for longer than the configured wait."""
 
 
+class RequestCancelled(KeyboardInterrupt):
+    """A request was cancelled before its charge: Ctrl-C, a DB-API ``Connection.cancel()``
+    from another thread, or a server client's disconnect (``Session.cancel()``). Nothing was
+    charged. A ``KeyboardInterrupt`` (not an ``Exception``) so that no ``except Exception``
+    on the way swallows it, and every interface handles it as it handles Ctrl-C."""
+
+
+class Terminated(RequestCancelled):
+    """SIGTERM stopped the command-line interface (a request in planning is cancelled,
+    nothing charged; one already charged completes first, like Ctrl-C)."""
+
+
 class ScaleRefused(StrategyError):
     """The kernel's own computation of a noise scale disagrees with the caller's: refused
     before any noise was drawn (and, for the matrix and d_X Laplace releases, before the
@@ -148,11 +160,6 @@ class TooManyConnections(DpsqlError):
     """The server already serves its documented maximum of connections; try again later."""
 
 
-class RequestCancelled(DpsqlError):
-    """The client cancelled the request (CancelRequest or disconnect) before the charge:
-    nothing was charged or released."""
-
-
 class BudgetExceededError(DpsqlError):
     """A release would spend more than a table's budget. Nothing was charged."""
 
@@ -198,6 +205,7 @@ class ErrorRow:
 
 EXIT_OK = 0
 EXIT_INTERRUPTED = 130     # Ctrl-C (128 + SIGINT); a release being charged completes first
+EXIT_TERMINATED = 143      # SIGTERM (128 + SIGTERM); likewise
 EXIT_BROKEN_PIPE = 141     # the reader of stdout went away (128 + SIGPIPE), e.g. `| head`
 EX_USAGE, EX_DATAERR, EX_NOINPUT, EX_UNAVAILABLE, EX_SOFTWARE, EX_TEMPFAIL, EX_NOPERM = (
     64, 65, 66, 69, 70, 75, 77)
@@ -251,8 +259,11 @@ ERROR_TABLE: dict[type, ErrorRow] = {
                                    "login refused (server): unknown user or wrong password"),
     TooManyConnections: ErrorRow(EX_TEMPFAIL, "53300", "OperationalError",
                                  "server at its connection limit: try again later"),
-    RequestCancelled: ErrorRow(EX_TEMPFAIL, "57014", "OperationalError",
-                               "request cancelled before the charge: nothing was charged"),
+    RequestCancelled: ErrorRow(EXIT_INTERRUPTED, "57014", "OperationalError",
+                               "cancelled (Ctrl-C, cancel()) before the charge: nothing "
+                               "charged"),
+    Terminated: ErrorRow(EXIT_TERMINATED, "57P01", "OperationalError",
+                         "terminated (SIGTERM); a release already charged completes first"),
     ScaleRefused: ErrorRow(EX_SOFTWARE, "XX000", "InternalError",
                            "the kernel refused a noise scale (a dpsql bug; nothing was drawn)"),
     InternalFailure: ErrorRow(EX_SOFTWARE, "XX000", "InternalError",
@@ -296,8 +307,10 @@ def exit_statuses_text(width: int = 88) -> str:
         by_status.setdefault(row.exit_status, []).append(row.meaning)
     rows = [(EXIT_OK, "success")]
     rows += [(status, "; ".join(meanings)) for status, meanings in sorted(by_status.items())]
-    rows.append((EXIT_INTERRUPTED, "interrupted (Ctrl-C)"))
+    if EXIT_INTERRUPTED not in by_status:
+        rows.append((EXIT_INTERRUPTED, "interrupted (Ctrl-C)"))
     rows.append((EXIT_BROKEN_PIPE, "output pipe closed by its reader (e.g. `| head`)"))
+    rows.sort(key=lambda row: row[0])
     return "\n".join(textwrap.fill(text, width, initial_indent=f"  {status:>3}  ",
                                     subsequent_indent=" " * 7) for status, text in rows)
 

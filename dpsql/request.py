@@ -364,7 +364,7 @@ FLAGS = tuple(s.name for s in SETTINGS.values() if s.kind == "flag")
 #: settings of a connection, not of a request
 CONNECTION_SETTINGS: dict[str, Setting] = _declare(
     Setting("lock_timeout", "number", 30.0, "seconds to wait while another process holds "
-            "the database file", ("dbapi",), _seconds, "30"),
+            "the database file", ("cli", "shell", "dbapi"), _seconds, "30"),
     Setting("create", "flag", True, "create the database file if it does not exist",
             ("dbapi",), _flag),
     Setting("max_memory", "number", planning.DEFAULT_MAX_MEMORY, "bytes one request's "

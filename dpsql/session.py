@@ -5,12 +5,20 @@ release path (:mod:`dpsql.release.path`): explain is the plan alone (it never re
 nor touches the budget); answer runs plan → check result names → check-and-charge →
 measure → infer → write, refusing anything invalid before the kernel reads a single row,
 so a bad request charges nothing.
+
+Planning holds no lock: it reads policies and caches through a connection that is let go
+before every long step, and the database is held (:meth:`Database.connect`) only for
+re-validation, check-and-charge, measure and write. :meth:`Session.cancel` (thread-safe)
+cancels a request in flight before its charge (:mod:`dpsql.cancel`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from typing import Sequence
 
+from dpsql import cancel
 from dpsql.errors import PolicyError, UnknownTableError
 from dpsql.kernel import Kernel
 from dpsql.policy.policy import TablePolicy, load_policy
@@ -32,11 +40,41 @@ class Session:
     """A dpsql connection to one DuckDB database. Create it with :func:`dpsql.connect`."""
 
     def __init__(self, path: str = ":memory:", *, lock_timeout: float = 30.0, sampler=None,
-                 reuse: bool = True):
-        """``reuse``: the default of :meth:`answer`'s and :meth:`explain`'s ``reuse``."""
+                 reuse: bool = True, on_lock_wait=None):
+        """``reuse``: the default of :meth:`answer`'s and :meth:`explain`'s ``reuse``.
+        ``on_lock_wait(holder, remaining)``: called about once per second while another
+        process holds the database (:class:`dpsql.store.database.Database`)."""
         self.reuse = SETTINGS["reuse"].parse(reuse)
-        self.db = engine.Database(path, lock_timeout=lock_timeout)
+        self.db = engine.Database(path, lock_timeout=lock_timeout, on_lock_wait=on_lock_wait)
         self.kernel = Kernel(sampler)
+        self._running: set = set()          # the tokens of requests in flight
+        self._running_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ cancellation
+    def cancel(self, reason: str = "cancelled") -> None:
+        """Cancel this session's requests in flight that are not charged yet; thread-safe,
+        returns at once. Each raises :class:`~dpsql.errors.RequestCancelled` within a
+        fraction of a second, nothing charged; a request already past its charge completes
+        and is written. No effect when nothing runs (it does not cancel the next request).
+        The DB-API's ``Connection.cancel()`` and the server (client disconnect) call it."""
+        with self._running_lock:
+            tokens = list(self._running)
+        for token in tokens:
+            token.cancel(reason)
+
+    @contextlib.contextmanager
+    def _request(self):
+        """One cancellable request: its token, and a planning connection that is let go
+        before every long step (:func:`dpsql.cancel.run`)."""
+        token = cancel.Token()
+        with self._running_lock:
+            self._running.add(token)
+        try:
+            with self.db.planning() as con, cancel.scope(token, con.release):
+                yield con
+        finally:
+            with self._running_lock:
+                self._running.discard(token)
 
     # ------------------------------------------------------------------ data owner
     def protect(self, table: str, policy, *, replace: bool = False) -> TablePolicy:
@@ -78,7 +116,7 @@ class Session:
                     calibration=calibration, model=model, target_rmse=target_rmse,
                     max_stderr=max_stderr, reuse=self.reuse if reuse is None else reuse)
         ask = Ask(r, release=False)
-        with self.db.connect() as con:
+        with self._request() as con:
             return release_path.explain(self._public(con), ask)
 
     def answer(self, sql: str | Sequence[str], *, epsilon=None, delta, strategy: str = "auto",
@@ -113,8 +151,9 @@ class Session:
                           integer=integer, reuse=self.reuse if reuse is None else reuse,
                           name=name, replace=replace))
         done: list = []      # the Release, once built (a late Ctrl-C still reports it)
-        with _completed_on_interrupt(done), self.db.connect() as con:
-            return release_path.answer(self._public(con), self.kernel, ask, self._write, done)
+        with _completed_on_interrupt(done), self._request() as con:
+            return release_path.answer(self._public(con), self.kernel, ask, self._write, done,
+                                       locked=self.db.connect)
 
     def _public(self, con) -> Public:
         return Public(con, ledger.load_policies(con), self.kernel.private)

@@ -34,8 +34,8 @@ import sys
 import tempfile
 from importlib import resources
 
-from dpsql.errors import DpsqlError, InputFileError
-from dpsql.interfaces.exits import Parser, epilog, guarded, read_script
+from dpsql.errors import DpsqlError, InputFileError, RequestCancelled, Terminated
+from dpsql.interfaces.exits import Parser, epilog, guarded, lock_notice, read_script
 from dpsql.request import CONNECTION_SETTINGS, given, settings_for
 from dpsql.workload import limits as planning
 from dpsql.store.results import format_table
@@ -179,7 +179,7 @@ def _dispatch(args) -> int:
         _require_db(args.db)
         declared = load_policy(args.policy)     # the whole file checked before any write
         tables = [args.table] if args.table else list(declared)
-        with connect(args.db) as db:
+        with connect(args.db, on_lock_wait=lock_notice()) as db:
             for t in tables:
                 tp = db.protect(t, args.policy, replace=args.replace)
                 print(f"protected {tp.table}: epsilon={float(tp.epsilon):g} "
@@ -189,12 +189,12 @@ def _dispatch(args) -> int:
         return _script(args, dry_run=args.command == "explain" or args.dry_run)
     if args.command == "budget":
         _require_db(args.db)
-        with connect(args.db) as db:
+        with connect(args.db, on_lock_wait=lock_notice()) as db:
             print(budget_table(db.budget()))
         return 0
     if args.command == "ledger":
         _require_db(args.db)
-        with connect(args.db) as db:
+        with connect(args.db, on_lock_wait=lock_notice()) as db:
             rows = db.ledger()
         cols = ("release_id", "release_name", "created_at", "table_name", "epsilon", "delta",
                 "mechanism", "strategy", "n_queries", "result_tables", "private", "status")
@@ -215,9 +215,16 @@ def _script(args, *, dry_run: bool) -> int:
     defaults = _defaults(args)
     script = parse_script(read_script(args.script), **defaults)
     out = _ScriptOutput(args, len(script.workloads))
-    limits = given(args, "cli", CONNECTION_SETTINGS)     # max_memory, time_limit
-    with connect(args.db) as db, planning.applied(**limits):
-        plan = check_script(db, script, replace=args.replace)
+    limits = given(args, "cli", CONNECTION_SETTINGS)     # max_memory, time_limit, lock_timeout
+    lock = limits.pop("lock_timeout", CONNECTION_SETTINGS["lock_timeout"].default)
+    with connect(args.db, lock_timeout=lock, on_lock_wait=lock_notice()) as db, \
+            planning.applied(**limits):
+        try:        # plans every workload (the long part): a cancel here charged nothing
+            plan = check_script(db, script, replace=args.replace)
+        except KeyboardInterrupt as exc:
+            stopped = Terminated if isinstance(exc, Terminated) else RequestCancelled
+            raise stopped("while checking the script, before any release; nothing was "
+                          "charged") from None
         if dry_run:
             out.plan(plan)
         if plan.budget_error is not None:

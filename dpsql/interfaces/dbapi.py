@@ -107,6 +107,8 @@ def _backend() -> Iterator[None]:
     table names), chained with ``from``."""
     try:
         yield
+    except dp.RequestCancelled as exc:    # Connection.cancel(): nothing was charged
+        raise error_class(exc)(str(exc)) from exc
     except dp.DpsqlError as exc:
         err = error_class(exc)(str(exc))
         if isinstance(exc, dp.BudgetExceededError):
@@ -393,6 +395,14 @@ class Connection:
         with self._lock:
             self._cursors.add(cur)
         return cur
+
+    def cancel(self) -> None:
+        """Cancel the request this connection is running, from any thread (psycopg's name;
+        optional in PEP 249): unless it was already charged, its ``execute`` raises
+        :class:`OperationalError` (SQLSTATE 57014) within a fraction of a second and nothing
+        is charged; a request past its charge completes. No effect when nothing runs."""
+        if not self.closed:
+            self._session.cancel("cancelled by Connection.cancel()")
 
     @check_closed
     def commit(self) -> None:

@@ -9,12 +9,18 @@ class. Command-line mistakes found by argparse become :class:`~dpsql.errors.Usag
 from __future__ import annotations
 
 import argparse
+import contextlib
+import math
 import os
+import signal
 import sys
+import threading
 from typing import Callable
 
-from dpsql.errors import (EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, InputFileError, UsageError,
-                          exit_status, exit_statuses_text, one_line, read_input_file)
+from dpsql.request import CONNECTION_SETTINGS
+from dpsql.errors import (EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, InputFileError, Terminated,
+                          UsageError, exit_status, exit_statuses_text, one_line,
+                          read_input_file)
 
 
 class Parser(argparse.ArgumentParser):
@@ -55,13 +61,19 @@ def report(error: BaseException, err=None) -> int:
 
 
 def guarded(fn: Callable[[], int], err=None) -> int:
-    """Run an interface's body; every way it can end becomes one line and a status."""
+    """Run an interface's body; every way it can end becomes one line and a status.
+    SIGTERM cancels like Ctrl-C (:func:`sigterm_cancels`) and exits with the status the
+    error table gives :class:`~dpsql.errors.Terminated`."""
     err = err or sys.stderr
+    terminated: list = []
     try:
-        return fn()
+        with sigterm_cancels(terminated):
+            return fn()
     except KeyboardInterrupt as exc:
         detail = " ".join(str(exc).split())   # a script's interruption says what was released
         print(f"cancelled: {detail}" if detail else "cancelled", file=err, flush=True)
+        if terminated or _by_sigterm(exc):
+            return exit_status(Terminated)
         return EXIT_INTERRUPTED
     except BrokenPipeError:     # e.g. `dpsql ledger DB | head`: the reader went away
         try:
@@ -71,3 +83,49 @@ def guarded(fn: Callable[[], int], err=None) -> int:
         return EXIT_BROKEN_PIPE
     except Exception as exc:    # DpsqlError: its row; anything else: an internal failure
         return report(exc, err)
+
+
+@contextlib.contextmanager
+def sigterm_cancels(seen: list):
+    """While the block runs (main thread), SIGTERM raises :class:`Terminated` (a
+    ``KeyboardInterrupt``): a request in planning is cancelled with nothing charged, one
+    past its charge completes first (the release path holds SIGTERM there)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum, frame):
+        seen.append(signum)
+        raise Terminated("terminated (SIGTERM)")
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _by_sigterm(exc: BaseException | None) -> bool:
+    """Whether SIGTERM caused ``exc`` (or an exception it wraps)."""
+    while exc is not None:
+        if isinstance(exc, Terminated) or getattr(exc, "signum", None) == signal.SIGTERM:
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def lock_notice(stream=None):
+    """The ``on_lock_wait`` of the command-line interfaces: while another process holds the
+    database, one line per second on stderr naming the holder (its pid, when DuckDB says)
+    and the seconds left of the wait, e.g. ``database locked by pid 4242 (python3);
+    waiting up to 28 s more (--lock-timeout), Ctrl-C cancels``."""
+    def notice(holder, remaining) -> None:
+        out = stream or sys.stderr
+        if remaining is None:
+            return
+        clear = "\r\x1b[K" if out.isatty() else ""     # over the shell's spinner line
+        who = holder or "another process"
+        print(f"{clear}database locked by {who}; waiting up to {math.ceil(remaining)} s more "
+              f"({CONNECTION_SETTINGS['lock_timeout'].flag}), Ctrl-C cancels", file=out,
+              flush=True)
+    return notice

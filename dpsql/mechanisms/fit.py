@@ -53,6 +53,12 @@ def bound_fits(workload: Workload) -> str | None:
     return None if why is None else f"lower bound (svdb) not computed: it {why}"
 
 
+def bound_seconds(workload: Workload) -> float:
+    """The singular value bound's predicted time (seconds)."""
+    return planning.bound_cost(workload.n_cells, workload.n_queries, workload.W.nnz,
+                               planning.gram_ops(workload.W)).seconds
+
+
 def screen(workload: Workload, names: list, auto: bool) -> tuple[list, list]:
     """(candidates that fit, skipped ones as evaluations). ``time_limit`` bounds the whole
     request: the release (:func:`release`), the bound when it fits, and every candidate

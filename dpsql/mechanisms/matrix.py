@@ -37,6 +37,7 @@ from fractions import Fraction
 import numpy as np
 import scipy.sparse as sp
 
+from dpsql import cancel
 from dpsql.store import selection_cache
 from dpsql.store import strategy_cache
 from dpsql.errors import StrategyError
@@ -144,9 +145,11 @@ class _NoPolicy:
 _NO_POLICY = _NoPolicy()
 
 
-def _plan_for(con, name: str, strategy, workload: Workload, family: str):
+def _plan_for(con, name: str, strategy, workload: Workload, family: str,
+              predicted: float = 0.0):
     """(plan, seconds, cached, key): the strategy's plan, from the strategy cache when it is
-    costly, and its key in that cache (None when not cached)."""
+    costly, and its key in that cache (None when not cached). A plan ``predicted`` to take
+    long is computed in a killable worker (:func:`dpsql.cancel.run`)."""
     info = workload_info(workload)
     started = time.perf_counter()
     key = None
@@ -155,7 +158,7 @@ def _plan_for(con, name: str, strategy, workload: Workload, family: str):
         plan = strategy_cache.load(con, key)
         if plan is not None:
             return plan, time.perf_counter() - started, True, key
-    plan = strategy.plan(info)
+    plan = cancel.run(strategy.plan, info, seconds=predicted)
     seconds = time.perf_counter() - started
     if key is not None:
         strategy_cache.store(con, key, plan, seconds)
@@ -174,10 +177,11 @@ def evaluate(con, family: str, name: str, strategy, workload: Workload, auto: bo
         return Evaluation(family, name, status="skipped",
                           note=f"skipped by auto: estimated {seconds:.0f} s to select, over "
                                f"the {AUTO_TIME_LIMIT:.0f} s limit (ask for it by name)")
+    predicted = fit.predicted(workload, family, name, strategy).seconds
     try:
-        plan, seconds, cached, key = _plan_for(con, name, strategy, workload, family)
-        solver = LeastSquares(plan)
-        factors = solver.error_factors(workload.W)
+        plan, seconds, cached, key = _plan_for(con, name, strategy, workload, family,
+                                               predicted)
+        solver, factors = cancel.run(_solved, plan, workload.W, seconds=predicted)
     except StrategyError as exc:
         if not auto:
             raise
@@ -191,6 +195,13 @@ def evaluate(con, family: str, name: str, strategy, workload: Workload, auto: bo
         key = strategy_cache.rows_fingerprint(name, strategy, w_hash, workload.shape, family)
     return Evaluation(family, name, factors, plan, seconds=seconds, cached=cached,
                       plan_key=key, solver=solver)
+
+
+def _solved(plan, W) -> tuple:
+    """(solver, error factors) of a plan: its least-squares factorisation and the answers'
+    variances per unit noise variance."""
+    solver = LeastSquares(plan)
+    return solver, solver.error_factors(W)
 
 
 def price(e: Evaluation, eps, dlt, calibration: str, bound: float) -> Candidate:
@@ -283,7 +294,8 @@ def _evaluations(con, workload: Workload, names, auto: bool, fresh: bool,
         found = None if fresh else selection_cache.load(con, *where, workload, names)
         if found is not None:
             return found[0], found[1], True, where
-    total = svdb(workload_info(workload)) if with_bound else math.nan
+    total = (cancel.run(svdb, workload_info(workload), seconds=fit.bound_seconds(workload))
+             if with_bound else math.nan)
     evals = [evaluate(con, f, n, obj, workload, auto, where and where[1])
              for f, n, obj in names]
     return total, evals, False, where
@@ -359,6 +371,7 @@ def interval_halfwidths(con, expl: Explanation, solver: LeastSquares,
         units = _identity_halfwidths(W) if solver.plan.A is None else None
         step = max(1, int(4e7 // max(1, solver.plan.n_measurements)))  # ≤ 320 MB per chunk
         for start in range(0, W.shape[0] if units is None else 0, step):
+            cancel.check()
             if start == 0:
                 units = np.empty(W.shape[0])
             C = solver.coefficients(W[start:start + step])

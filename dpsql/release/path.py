@@ -11,16 +11,25 @@
   free re-noise); the result tables are written and the release marked ``released`` in one
   transaction, rolled back if anything in it fails.
 - A named release asked again returns its recorded answers (:mod:`dpsql.release.named`).
+- Planning runs without the database lock (the session's planning connection is let go
+  before long steps; :mod:`dpsql.cancel`); :func:`answer` then holds the database for
+  :func:`_locked_release`: re-validation (a release named meanwhile, the policy), result
+  names, budget, check-and-charge, measure, infer, write. Until the charge a cancel
+  (Ctrl-C, SIGTERM, ``Session.cancel()``) stops the request with nothing charged; from
+  the charge on (:func:`dpsql.cancel.committed`) the release completes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 
+from dpsql import cancel
+
 from dpsql.kernel import Kernel
 from dpsql.mechanisms import catalog
-from dpsql.errors import StrategyError, UnsupportedQueryError
+from dpsql.errors import PolicyError, StrategyError, UnsupportedQueryError
 from dpsql.release import adaptive, matrix, named
 from dpsql.release.mechanism import Answers, Ask, Plan, Public
 from dpsql.release.support import (InterruptedAfterRelease, _completed_on_interrupt,
@@ -49,24 +58,40 @@ def explain(public: Public, ask: Ask):
     return mechanism(ask)(ask, public).explanation
 
 
-def answer(public: Public, kernel: Kernel, ask: Ask, write=None, done: list | None = None):
+def answer(public: Public, kernel: Kernel, ask: Ask, write=None, done: list | None = None,
+           locked=None):
     """Release a batch (module docstring). ``write(con, receipt, plan, answers, ask)`` is the
     write step returning the :class:`~dpsql.store.results.Release` (default :func:`publish`;
     the session passes its own). ``done`` receives the Release once built, so that a caller
-    holding more (the connection) still reports a Ctrl-C that lands after it."""
+    holding more (the connection) still reports a Ctrl-C that lands after it. ``locked()``
+    holds the database for the locked section (the session's ``Database.connect``; by
+    default ``public.con`` is used as it is, already held)."""
     write = write or publish
     done = [] if done is None else done
-    con = public.con
     if ask.name is not None:
+        recorded = ledger.find_named(public.con, ask.name)
+        if recorded is not None:
+            return named.recorded_answer(public.con, recorded, ask)
+    plan = mechanism(ask)(ask, public)       # no lock held through its long steps
+    cancel.check()
+    with (locked() if locked is not None else contextlib.nullcontext(public.con)) as con:
+        return _locked_release(con, public, kernel, ask, plan, write, done)
+
+
+def _locked_release(con, public: Public, kernel: Kernel, ask: Ask, plan: Plan, write, done):
+    """With the database held: re-check what the plan read unlocked (a named release, the
+    policy), then result names, budget, check-and-charge, measure, infer, write."""
+    if ask.name is not None:              # named meanwhile by another process?
         recorded = ledger.find_named(con, ask.name)
         if recorded is not None:
             return named.recorded_answer(con, recorded, ask)
-    plan = mechanism(ask)(ask, public)
+    check_unchanged(con, plan.policy)
     names = result_names(con, plan.queries, check_targets(con, plan.queries,
                                                           public.policies, ask.replace))
     charge = _charge(plan, ask, names, kernel.private)
     _check_budget(con, plan)
-    with _completed_on_interrupt(done):
+    cancel.check()                        # the last point a cancel applies
+    with cancel.committed(), _completed_on_interrupt(done):
         with _interrupts_deferred() as interrupted:
             handle = KernelHandle(kernel, con, plan.policy, charge)
             measurements = plan.measure(handle)
@@ -74,8 +99,19 @@ def answer(public: Public, kernel: Kernel, ask: Ask, write=None, done: list | No
             answers = plan.infer(measurements)
             done.append(write(con, receipt, plan, answers, ask))
         if interrupted:
-            raise InterruptedAfterRelease(done[0])
+            raise InterruptedAfterRelease(done[0], interrupted[0])
         return done[0]
+
+
+def check_unchanged(con, policy) -> None:
+    """Refuse (nothing charged) when the table's policy changed while the request was
+    planned without the lock: the plan's domains or budget may no longer hold."""
+    now = ledger.load_policies(con).get(policy.table.lower())
+    if now != policy:
+        raise PolicyError(
+            f"the policy of table {policy.table!r} was changed (or removed) by another "
+            "process while this request was being planned; nothing was charged; run the "
+            "request again")
 
 
 def _charge(plan: Plan, ask: Ask, names, private: bool) -> ledger.Charge:

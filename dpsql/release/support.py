@@ -43,10 +43,11 @@ def _request_params(eps, dlt, strategy, calibration, model) -> dict:
 class InterruptedAfterRelease(KeyboardInterrupt):
     """Ctrl-C arrived while a charged release was being completed; it completed first."""
 
-    def __init__(self, release: Release):
+    def __init__(self, release: Release, signum: int | None = None):
         super().__init__(f"interrupted after release {release.release_id} was charged and "
                          f"written (tables: {', '.join(release.tables)})")
         self.release = release
+        self.signum = signum          # the signal held during the release (SIGINT, SIGTERM)
 
 
 @contextlib.contextmanager

@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import threading
 import time
 from typing import Iterator, Sequence
 
 import duckdb
 
+from dpsql import cancel
 from dpsql.store import schema
 from dpsql.workload.domain import CategoricalDomain, IntegerDomain
 from dpsql.errors import EngineError, LockTimeoutError
@@ -37,6 +39,10 @@ ANALYST_CONFIG = {
     "autoload_known_extensions": False,
     "lock_configuration": True,
 }
+
+#: a wait for another process's lock is announced after this many seconds, and again after
+#: each further such interval (a brief wait stays silent)
+LOCK_NOTICE_EVERY = 1.0
 
 _path_locks: dict[str, threading.RLock] = {}
 _path_locks_guard = threading.Lock()
@@ -62,21 +68,39 @@ def quote_literal(value) -> str:
 
 
 class Database:
-    """A DuckDB database file (or ``:memory:``) opened per operation."""
+    """A DuckDB database file (or ``:memory:``) opened per operation.
 
-    def __init__(self, path: str, *, lock_timeout: float = 30.0):
+    ``on_lock_wait(holder, remaining)`` is called about once per second while another
+    process holds the file (``holder``: "pid N (program)" when DuckDB names it, else None;
+    ``remaining``: seconds left of ``lock_timeout``), and once with ``remaining=None`` when
+    the wait ends: the command-line interfaces show it as a countdown."""
+
+    def __init__(self, path: str, *, lock_timeout: float = 30.0, on_lock_wait=None):
         self.path = path if path == ":memory:" else os.path.abspath(path)
         self.lock_timeout = float(lock_timeout)
+        self.on_lock_wait = on_lock_wait
         self._memory = None
+        self._held = threading.local()       # this thread's open connection, if any
         # one lock per file, however it is named (symlinks, relative paths)
         self._lock = _lock_for(os.path.realpath(self.path) if path != ":memory:"
                                else f":memory:{id(self)}")
         if path == ":memory:":
             self._memory = duckdb.connect(":memory:", config=dict(ANALYST_CONFIG))
 
+    def held(self):
+        """The connection this thread holds open (inside :meth:`connect`), or None."""
+        return getattr(self._held, "con", None)
+
+    def depth(self) -> int:
+        """How many :meth:`connect` blocks of this thread are open (0: none)."""
+        return getattr(self._held, "depth", 0)
+
     @contextlib.contextmanager
     def connect(self, *, owner: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
         """Hold the database for one operation (threads and processes wait their turn).
+
+        Re-entrant: inside a thread's open ``connect`` block, a nested one yields the same
+        connection (no second opening).
 
         ``owner=True`` gives a connection without the analyst restrictions, for data-owner
         operations that dpsql itself drives (loading the demo data). Analyst requests never
@@ -85,48 +109,126 @@ class Database:
         Opening checks dpsql's schema version (:func:`dpsql.store.schema.check`): an older
         database is migrated first (one transaction), a newer one refused.
         """
+        held = self.held()
+        if held is not None:
+            self._held.depth += 1
+            try:
+                yield held
+            finally:
+                self._held.depth -= 1
+            return
         with self._lock:
-            if self._memory is not None:
-                schema.check(self._memory, repr(self.path))
-                yield self._memory
-                return
-            con = self._open(owner)
+            con = self._memory if self._memory is not None else self._open(owner)
+            self._held.con, self._held.depth = con, 1
             try:
                 schema.check(con, repr(self.path))
                 yield con
             finally:
-                con.close()
+                self._held.con, self._held.depth = None, 0
+                if con is not self._memory:
+                    con.close()
+
+    def planning(self) -> "PlanningConnection":
+        """A connection for planning that opens on first use and can be let go before a
+        long step (:class:`PlanningConnection`)."""
+        return PlanningConnection(self)
 
     def _open(self, owner: bool) -> duckdb.DuckDBPyConnection:
         deadline = time.monotonic() + self.lock_timeout
-        delay = 0.005
+        delay, shown, waited = 0.005, None, False
         config = {} if owner else dict(ANALYST_CONFIG)
-        while True:
-            try:
-                return duckdb.connect(self.path, config=config)
-            except duckdb.IOException as exc:
-                if "lock" not in str(exc).lower():
+        try:
+            while True:
+                try:
+                    return duckdb.connect(self.path, config=config)
+                except duckdb.IOException as exc:
+                    if "lock" not in str(exc).lower():
+                        raise EngineError(
+                            f"could not open database {self.path!r} (engine message "
+                            "withheld); check that it is a DuckDB database file that you "
+                            "may read and write") from None
+                    now = time.monotonic()
+                    if now >= deadline:
+                        raise LockTimeoutError(
+                            f"database {self.path!r} stayed busy in another process"
+                            f"{_holder_words(exc)} for {self.lock_timeout:g} s; try again "
+                            "later, or wait longer (lock_timeout, --lock-timeout)") from None
+                    shown = now if shown is None else shown     # first refusal
+                    if self.on_lock_wait is not None and now - shown >= LOCK_NOTICE_EVERY:
+                        shown, waited = now, True
+                        self.on_lock_wait(lock_holder(str(exc)), deadline - now)
+                    cancel.check()
+                    time.sleep(min(delay, max(0.0, deadline - now)))
+                    delay = min(delay * 1.5, 0.1)
+                except duckdb.Error:
                     raise EngineError(
                         f"could not open database {self.path!r} (engine message withheld); "
                         "check that it is a DuckDB database file that you may read and write"
                     ) from None
-                if time.monotonic() >= deadline:
-                    raise LockTimeoutError(
-                        f"database {self.path!r} stayed busy in another process for "
-                        f"{self.lock_timeout:g} s; try again later"
-                    ) from None
-                time.sleep(delay)
-                delay = min(delay * 1.5, 0.1)
-            except duckdb.Error:
-                raise EngineError(
-                    f"could not open database {self.path!r} (engine message withheld); "
-                    "check that it is a DuckDB database file that you may read and write"
-                ) from None
+        finally:
+            if waited:
+                self.on_lock_wait(None, None)
 
     def close(self) -> None:
         if self._memory is not None:
             self._memory.close()
             self._memory = None
+
+
+def lock_holder(message: str) -> str | None:
+    """Who holds the file, from DuckDB's lock error ("... held in /usr/bin/python3 (PID
+    123) ..."): "pid 123 (python3)", or None when it does not say. No data in it."""
+    found = re.search(r"held in (.*?) \(PID (\d+)\)", message)
+    if found:
+        return f"pid {found.group(2)} ({os.path.basename(found.group(1)) or '?'})"
+    found = re.search(r"PID (\d+)", message)
+    return f"pid {found.group(1)}" if found else None
+
+
+def _holder_words(exc) -> str:
+    holder = lock_holder(str(exc))
+    return f" ({holder})" if holder else ""
+
+
+class PlanningConnection:
+    """The database as planning sees it: opened on first use (one connection, kept while
+    planning reads and writes its caches) and closed by :meth:`release` before a long
+    step, so other processes can charge meanwhile; the next use opens it again (waiting
+    for the lock like any opening). Inside a :meth:`Database.connect` block of the same
+    thread (the release's locked section) it uses that connection."""
+
+    def __init__(self, db: Database):
+        self._db = db
+        self._stack: contextlib.ExitStack | None = None
+
+    def _con(self):
+        held = self._db.held()
+        if held is not None:
+            return held
+        stack = contextlib.ExitStack()
+        con = stack.enter_context(self._db.connect())
+        self._stack = stack
+        return con
+
+    def execute(self, *args, **kwargs):
+        return self._con().execute(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._con(), name)
+
+    def release(self) -> None:
+        """Close the connection if this object opened it and nothing nested uses it."""
+        if self._stack is not None and self._db.depth() <= 1:
+            stack, self._stack = self._stack, None
+            stack.close()
+
+    def __enter__(self) -> "PlanningConnection":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._stack is not None:
+            stack, self._stack = self._stack, None
+            stack.close()
 
 
 @contextlib.contextmanager

@@ -40,7 +40,7 @@ import dpsql
 from dpsql.interfaces import cli
 from dpsql.store import database as engine
 from dpsql.noise.accounting import fraction_from_text
-from dpsql.errors import BudgetExceededError, DpsqlError
+from dpsql.errors import ERROR_TABLE, BudgetExceededError, DpsqlError, Terminated
 
 from ..conftest import ROOT, make_adult_db, snapshot
 
@@ -514,9 +514,10 @@ def test_ctrl_c_during_a_long_script(template, tmp_path, capsys, n_workloads, de
     pytest.param(12, 0.9, marks=pytest.mark.slow)])
 def test_sigterm_during_a_long_script_leaves_a_consistent_ledger(template, tmp_path, capsys,
                                                                  n_workloads, delay):
-    """SIGTERM after the first release plus ``delay``: outside a release the process dies at
-    once (exit -15); inside one (charge to committed tables) it is held until the release is
-    complete, then handled like Ctrl-C (exit 130). Passing: no partial result table, every
+    """SIGTERM after the first release plus ``delay``: outside a release it cancels like
+    Ctrl-C (exit 143, the error table's row for ``Terminated``; -15 if it lands before the
+    handler is installed or after it is removed); inside one (charge to committed tables)
+    it is held until the release is complete, then handled likewise. Passing: no partial result table, every
     released entry complete, the budget
     consistent; at most the one release in progress is left `charged` (its budget spent, its
     answers lost). A re-run returns the recorded answers; if a release was left charged,
@@ -524,7 +525,7 @@ def test_sigterm_during_a_long_script_leaves_a_consistent_ledger(template, tmp_p
     path = fresh(template, tmp_path)
     script = long_script(tmp_path, n_workloads)
     code, _, _ = _run_and_signal(path, script, signal.SIGTERM, delay)
-    assert code in (0, 130, -signal.SIGTERM)
+    assert code in (0, ERROR_TABLE[Terminated].exit_status, -signal.SIGTERM)
     statuses = check_consistent(path)
     charged = [r for r, s in statuses.items() if s == "charged"]
     assert len(charged) <= 1 and (not charged or charged[0] == max(statuses))

@@ -74,7 +74,7 @@ class AnalystConnection:
         """One statement's outcome (a release statement inside a workload block is held)."""
         try:
             outcome = self._dispatch(text, k)
-        except dp.DpsqlError as exc:
+        except (dp.DpsqlError, dp.RequestCancelled) as exc:   # cancelled: 57014, nothing charged
             outcome = Failure.of(exc)
         except dbapi.Error as exc:
             outcome = _failure(exc)
@@ -199,7 +199,7 @@ class AnalystConnection:
         sql = ";\n".join(t.strip().rstrip(";").strip() for t in texts)
         try:
             return self._charged(sql)
-        except dp.DpsqlError as exc:
+        except (dp.DpsqlError, dp.RequestCancelled) as exc:   # cancelled: 57014, nothing charged
             outcome = Failure.of(exc)
         except dbapi.Error as exc:
             outcome = _failure(exc)
@@ -231,8 +231,8 @@ class AnalystConnection:
             release = cur.release
         except InterruptedAfterRelease as exc:       # charged and written: keep it
             release = exc.release
-        except (dp.DpsqlError, dbapi.Error):
-            journal.settle(rid, self.account, table)      # refused: nothing charged
+        except (dp.DpsqlError, dp.RequestCancelled, dbapi.Error):
+            journal.settle(rid, self.account, table)      # refused or cancelled: nothing charged
             raise
         except BaseException:
             journal.settle(rid, self.account, table, eps, dlt)   # unknown: count it spent

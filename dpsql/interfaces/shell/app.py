@@ -17,7 +17,7 @@ import os
 import sys
 
 from dpsql.errors import InputFileError
-from dpsql.interfaces.exits import Parser, epilog, guarded, read_script
+from dpsql.interfaces.exits import Parser, epilog, guarded, lock_notice, read_script
 from dpsql.request import CONNECTION_SETTINGS, given, settings_for
 from dpsql.workload import limits as planning
 
@@ -65,7 +65,7 @@ def _main(args) -> int:
     from dpsql.interfaces.shell.settings import ShellState
 
     settings = given(args, "shell")
-    limits = given(args, "shell", CONNECTION_SETTINGS)     # max_memory, time_limit
+    limits = given(args, "shell", CONNECTION_SETTINGS)  # max_memory, time_limit, lock_timeout
     if not os.path.exists(args.db):
         raise InputFileError(f"database {args.db!r} does not exist; check the path (`dpsql "
                              "demo --db PATH` builds a demo database)")
@@ -76,7 +76,9 @@ def _main(args) -> int:
     interactive = not batch and sys.stdin.isatty()
     if not batch and not interactive:
         batch = [("-f", "-")]          # piped input: one workload, like -f -
-    with connect(args.db) as session, planning.applied(**limits):
+    lock = limits.pop("lock_timeout", CONNECTION_SETTINGS["lock_timeout"].default)
+    with connect(args.db, lock_timeout=lock, on_lock_wait=lock_notice()) as session, \
+            planning.applied(**limits):
         state = ShellState(session, interactive=interactive, **settings)
         state.refresh()
         if interactive:

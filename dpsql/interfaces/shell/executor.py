@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import csv
 import re
+import signal
 import time
 from fractions import Fraction
 
-from dpsql.errors import (EX_DATAERR, EXIT_INTERRUPTED, DpsqlError, NoTerminal, exit_status,
-                          one_line)
+from dpsql.errors import (EX_DATAERR, EXIT_INTERRUPTED, DpsqlError, NoTerminal, Terminated,
+                          exit_status, one_line)
 from dpsql.session import InterruptedAfterRelease
 from dpsql.sql.parse import parse_batch
 from dpsql.interfaces.shell import batch, display, metacommands
@@ -170,8 +171,9 @@ class Executor:
         """Call ``fn``; print any error as one line. Returns fn's value (None on error)."""
         try:
             return fn(*args)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             self._cancel("cancelled")
+            stop_if_terminated(exc)
         except BrokenPipeError:
             raise           # the reader of our output went away: app.main exits quietly
         except Exception as exc:  # never a traceback: a non-dpsql one could carry data
@@ -203,8 +205,9 @@ class Executor:
         try:
             with progress(what, self.err, enabled=self.show_progress):
                 return self.state.session.explain(sql, **request)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             self._cancel("cancelled; nothing was spent")
+            stop_if_terminated(exc)
             return None
 
     def answer(self, sql: str) -> None:
@@ -236,8 +239,9 @@ class Executor:
             self._print_release(exc.release, model)
             self._cancel(f"interrupted, but release {exc.release.release_id} had already "
                          "been charged; it was completed and is shown above")
+            stop_if_terminated(exc)
             return
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             charged = [e for e in st.session.ledger()
                        if e["release_id"] > before and e["sql_text"] == sql]
             if charged:
@@ -246,6 +250,7 @@ class Executor:
                              f"{charged[-1]['status']}); see \\ledger")
             else:
                 self._cancel("cancelled; nothing was charged")
+            stop_if_terminated(exc)
             return
         self._print_release(release, model)
         if confirmed is not None and release.epsilon > confirmed:
@@ -375,3 +380,9 @@ class Executor:
             self.results.flush()
         else:
             self.emit(display.render(self.display, columns, rows, title, MAX_ROWS))
+
+
+def stop_if_terminated(exc: BaseException) -> None:
+    """SIGTERM ends the shell (after saying what was charged): re-raise it; Ctrl-C does not."""
+    if isinstance(exc, Terminated) or getattr(exc, "signum", None) == signal.SIGTERM:
+        raise exc

@@ -19,6 +19,7 @@ from prompt_toolkit.application.current import get_app
 from prompt_toolkit.filters import Condition
 from prompt_toolkit.history import FileHistory, History, InMemoryHistory
 
+from dpsql.errors import Terminated
 from dpsql.interfaces.shell import batch
 from dpsql.interfaces.shell.executor import submission_complete
 from dpsql.interfaces.shell.settings import show_exact, show_target
@@ -143,6 +144,8 @@ def run(executor, completer, db_path: str, *, hist: History | None = None) -> in
     while True:
         try:
             text = prompt.prompt()
+        except Terminated:
+            raise               # SIGTERM: the shell ends (status from the error table)
         except KeyboardInterrupt:
             continue            # Ctrl-C at the prompt: clear the line
         except EOFError:
@@ -152,6 +155,8 @@ def run(executor, completer, db_path: str, *, hist: History | None = None) -> in
         try:
             if executor.submit(text) is False:
                 break
+        except Terminated:
+            raise
         except KeyboardInterrupt:
             executor.note("interrupted")
     batch.finish(executor, interactive=True)
