@@ -239,3 +239,16 @@ def test_psql_nested_block_is_25000(server):
     rc, _, err = psql(server, "alice", "BEGIN WORKLOAD; BEGIN WORKLOAD;", epsilon="0.01",
                       delta="1e-9")
     assert rc == 1 and "ERROR:  25000:" in err and "do not nest" in err
+
+
+def test_a_refused_commit_discards_the_block_and_charges_nothing(server):
+    with psycopg.connect(server.dsn("carol", epsilon="0.05", delta="0"),
+                         autocommit=True) as conn:
+        before = _spent(conn)
+        conn.execute("BEGIN WORKLOAD")
+        conn.execute("SELECT count(*) FROM adult WHERE age < 30")
+        with pytest.raises(psycopg.Error) as over:          # over carol's allowance (0.02)
+            conn.execute("COMMIT")
+        assert over.value.sqlstate == "53400"
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        assert _spent(conn) == before
