@@ -68,9 +68,20 @@ class Piece:
     column: int = 1
 
 
+#: what may follow BEGIN [WORK | TRANSACTION] / START TRANSACTION: PostgreSQL's transaction
+#: modes (``BEGIN ISOLATION LEVEL SERIALIZABLE``, ``START TRANSACTION READ ONLY``), which
+#: drivers send; such a statement is a plain BEGIN
+_MODES = {"ISOLATION", "READ", "DEFERRABLE", "NOT"}
+
+
 def marker_of(words: Sequence[str]) -> str | None:
     """The marker spelled by a statement's words (upper or lower case), or None."""
-    return _FORMS.get(tuple(w.upper() for w in words))
+    upper = tuple(w.upper() for w in words)
+    if len(upper) > 2 and _FORMS.get(upper[:2]) == BEGIN and upper[2] in _MODES:
+        return BEGIN
+    if len(upper) > 1 and upper[0] == "BEGIN" and upper[1] in _MODES:
+        return BEGIN
+    return _FORMS.get(upper)
 
 
 def pieces(text: str) -> list[Piece]:
@@ -88,8 +99,8 @@ def pieces(text: str) -> list[Piece]:
         if current:
             first, last = current[0], current[-1]
             out.append(Piece(text[first.start:last.end + 1],
-                             marker_of([t.text for t in current]) if len(current) <= 2
-                             else None, first.line, first.col - len(first.text) + 1))
+                             marker_of([t.text for t in current]),
+                             first.line, first.col - len(first.text) + 1))
         current = []
     return out
 

@@ -46,6 +46,10 @@ def conn(path):
     ("START TRANSACTION", BEGIN), ("BEGIN TRANSACTION", BEGIN),
     ("SELECT COUNT(*) FROM adult", None), ("SELECT 'BEGIN WORKLOAD'", None),
     ("BEGIN WORKLOAD NOW", None),
+    # what drivers send to start a transaction with modes: a plain BEGIN (the server's too)
+    ("BEGIN ISOLATION LEVEL SERIALIZABLE", BEGIN), ("START TRANSACTION READ ONLY", BEGIN),
+    ("begin transaction isolation level read committed", BEGIN),
+    ("ROLLBACK TO SAVEPOINT s1", None), ("SAVEPOINT s1", None),
 ])
 def test_markers_are_read_from_tokens(text, marker):
     (piece,) = pieces(text + ";")

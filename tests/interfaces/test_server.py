@@ -181,3 +181,74 @@ def test_every_wire_setting_is_parsed_by_the_one_declaration(server):
         assert unknown.value.sqlstate == "22023" and "dpsql.epsilon," in str(unknown.value)
         conn.execute("SET dpsql.strategy = 'identity'")
         assert conn.execute("SHOW dpsql.strategy").fetchone() == ("identity",)
+
+
+# --------------------------------------------------------------------------- workload blocks
+
+def _spent(conn) -> float:
+    return conn.execute("SHOW dpsql.budget").fetchone()[2]
+
+
+def test_workload_blocks_over_the_wire_are_the_dbapi_blocks(server):
+    """The server routes markers through dpsql.sql.marker and the DB-API connection's
+    block: nested BEGIN WORKLOAD is 25000, a refused statement is an error but the block
+    stays open, COMMIT releases the rest as ONE ledger entry, ROLLBACK charges nothing."""
+    with psycopg.connect(server.dsn("alice", epsilon="0.01", delta="1e-9"),
+                         autocommit=True) as conn:
+        notices = []
+        conn.add_notice_handler(lambda n: notices.append(n.message_primary))
+        before = _spent(conn)
+        conn.execute("BEGIN WORKLOAD")
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+        conn.execute("CREATE TABLE wb_young AS SELECT count(*) FROM adult WHERE age < 30")
+        with pytest.raises(psycopg.Error) as nested:
+            conn.execute("begin /* again */ workload")
+        assert nested.value.sqlstate == "25000" and "do not nest" in str(nested.value)
+        with pytest.raises(psycopg.Error) as refused:
+            conn.execute("SELECT age FROM adult")
+        assert refused.value.sqlstate == "0A000"
+        assert "not added to the open workload block" in str(refused.value)
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+        conn.execute("CREATE TABLE wb_old AS SELECT count(*) FROM adult WHERE age >= 30")
+        assert _spent(conn) == pytest.approx(before)          # collected, not charged
+        cur = conn.execute("COMMIT")
+        assert len(cur.fetchall()) == 1                        # the first result set
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        assert _spent(conn) == pytest.approx(before + 0.01)    # one charge for the block
+        conn.execute("BEGIN WORKLOAD; CREATE TABLE wb_gone AS SELECT count(*) FROM adult; "
+                      "ROLLBACK")
+        assert _spent(conn) == pytest.approx(before + 0.01)    # discarded: nothing spent
+        assert any("discarded" in n for n in notices)
+        conn.execute("BEGIN")                                  # a driver's: a no-op
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+        conn.execute("SAVEPOINT s1")
+        conn.execute("ROLLBACK TO SAVEPOINT s1")
+        conn.execute("COMMIT")
+        conn.execute("BEGIN ISOLATION LEVEL SERIALIZABLE")     # psycopg's, with a level
+        conn.execute("ROLLBACK")
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        assert any("BEGIN alone does not batch" in n for n in notices)
+    with psycopg.connect(server.dsn("owner"), autocommit=True) as owner:
+        rows = owner.execute("SELECT result_tables FROM dpsql_ledger WHERE result_tables "
+                             "LIKE 'wb_%'").fetchall()
+    assert rows == [("wb_young, wb_old",)]
+
+
+@pytest.mark.skipif(PSQL is None, reason="the psql binary is not installed")
+def test_psql_nested_block_is_25000(server):
+    rc, _, err = psql(server, "alice", "BEGIN WORKLOAD; BEGIN WORKLOAD;", epsilon="0.01",
+                      delta="1e-9")
+    assert rc == 1 and "ERROR:  25000:" in err and "do not nest" in err
+
+
+def test_a_refused_commit_discards_the_block_and_charges_nothing(server):
+    with psycopg.connect(server.dsn("carol", epsilon="0.05", delta="0"),
+                         autocommit=True) as conn:
+        before = _spent(conn)
+        conn.execute("BEGIN WORKLOAD")
+        conn.execute("SELECT count(*) FROM adult WHERE age < 30")
+        with pytest.raises(psycopg.Error) as over:          # over carol's allowance (0.02)
+            conn.execute("COMMIT")
+        assert over.value.sqlstate == "53400"
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        assert _spent(conn) == before

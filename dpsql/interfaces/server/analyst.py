@@ -7,6 +7,13 @@ account needs: the table must be granted, the analyst's allowance is reserved in
 journal before the release and settled after it, the result tables become the analyst's
 own. Everything else (catalog, own results, budget) is answered by the shadow catalog,
 which holds no protected row.
+
+Workload markers are the DB-API's (:mod:`dpsql.sql.marker`): ``BEGIN WORKLOAD``, the
+statements of a block, ``COMMIT`` and ``ROLLBACK`` go to the DB-API cursor, so the block is
+the DB-API connection's (each statement checked before it is collected, one release at
+``COMMIT``, nested blocks refused with 25000, plain ``BEGIN``/``COMMIT`` no-ops with a
+notice). The server only adds the wire's transaction status: ``T`` while a workload block
+or a driver's ``BEGIN`` is open.
 """
 
 from __future__ import annotations
@@ -20,10 +27,15 @@ from dpsql.interfaces.server import admin
 from dpsql.interfaces.server import statements as st
 from dpsql.interfaces.server.accounts import Account
 from dpsql.interfaces.server.catalog import PublicViews
-from dpsql.interfaces.server.results import Failure, Result
+from dpsql.interfaces.server.results import Failure, Notice, Result
 from dpsql.interfaces.server.shadow import Shadow
 from dpsql.release.support import InterruptedAfterRelease
 from dpsql.request import SETTINGS, settings_for
+from dpsql.sql import marker
+
+#: the command tag of each marker (PostgreSQL's)
+_TAGS = {marker.BEGIN_WORKLOAD: "BEGIN", marker.BEGIN: "BEGIN", marker.COMMIT: "COMMIT",
+         marker.ROLLBACK: "ROLLBACK"}
 
 #: the settings a connection can SET (those the DB-API driver takes)
 WIRE_SETTINGS = {s.name: s for s in settings_for("dbapi")}
@@ -38,8 +50,7 @@ class AnalystConnection:
         self.settings = {s.name: s.default for s in WIRE_SETTINGS.values()}
         if not account.admin:
             self.settings["reuse"] = False     # reuse would pool other analysts' releases
-        self.workload: list[str] | None = None
-        self.in_transaction = False
+        self.driver_transaction = False    # a driver's BEGIN: only the status byte ('T')
         self.cancelled = self.running = False
         self._dbapi = dbapi.connect(server.db_path, delta=0, epsilon=1, create=False,
                                     lock_timeout=server.lock_timeout)
@@ -47,28 +58,44 @@ class AnalystConnection:
         for name, value in (options or {}).items():
             self._set(name, value)
 
+    @property
+    def in_transaction(self) -> bool:
+        """The ReadyForQuery status is 'T': a workload block is open (the DB-API
+        connection's) or a driver sent BEGIN (psycopg and SQLAlchemy expect 'T' after it)."""
+        return self.driver_transaction or self._dbapi.workload is not None
+
     # ---------------------------------------------------------------- one query message
     def run(self, sql: str) -> list:
-        """Outcomes (Result / Failure) of a simple query message; a failure ends it. The
-        statements that read protected tables form ONE workload (one release)."""
+        """Outcomes (Result / Failure / Notice) of a simple query message; a failure ends
+        it. The statements that read protected tables outside a block form ONE workload
+        (one release); inside a block each is collected."""
         out: list = []
         pending: list[str] = []
         for text in st.split(sql) or [""]:
             k = st.kind(text, self.views.protected(), self.views.visible())
-            if k == "release" and self.workload is None:
+            if k == "release" and not self.in_block:
                 pending.append(text)
                 continue
             if pending:
-                out += self._release(pending)
+                out += self._with_notices(self._release(pending))
                 pending = []
                 if isinstance(out[-1], Failure):
                     return out
-            out.append(self.statement(text, k))
+            out += self._with_notices([self.statement(text, k)])
             if isinstance(out[-1], Failure):
                 return out
         if pending:
-            out += self._release(pending)
+            out += self._with_notices(self._release(pending))
         return out
+
+    @property
+    def in_block(self) -> bool:
+        return self._dbapi.workload is not None
+
+    def _with_notices(self, outcomes: list) -> list:
+        """The DB-API connection's new notices, then ``outcomes``."""
+        notices, self._dbapi.notices[:] = list(self._dbapi.notices), []
+        return [Notice(n) for n in notices] + outcomes
 
     def statement(self, text: str, k: str):
         """One statement's outcome (a release statement inside a workload block is held)."""
@@ -87,19 +114,10 @@ class AnalystConnection:
     def _dispatch(self, text: str, k: str):
         if k == "empty":
             return Result("EMPTY")
-        if k in ("begin", "begin_workload"):
-            if k == "begin_workload":
-                if self.workload is not None:
-                    raise dp.DpsqlError("a workload block is already open; COMMIT or "
-                                        "ROLLBACK it first")
-                self.workload = []
-            self.in_transaction = True
-            return Result("BEGIN")
-        if k in ("commit", "rollback"):
-            return self._end(k)
-        if k == "release":
-            self.workload.append(text)
-            return Result("SELECT 0")
+        if k == "marker":
+            return self._marker(st.marker_of(text))
+        if k == "release":      # inside a block (outside, run() makes them one release)
+            return self._collect(text)
         if k == "set":
             return self._set_statement(text)
         if k == "show":
@@ -123,16 +141,42 @@ class AnalystConnection:
                 "your own result tables, dpsql_budget and the catalog")
         return self.views.query(text)
 
-    def _end(self, k: str):
-        block, self.workload = self.workload, None
-        self.in_transaction = False
-        tag = "COMMIT" if k == "commit" else "ROLLBACK"
-        if k == "commit" and block:
-            outcomes = self._release(block)
-            if isinstance(outcomes[-1], Failure):
-                return outcomes[-1]
-            return _Many(outcomes + [Result(tag)])
-        return Result(tag)
+    # ---------------------------------------------------------------- workload markers
+    def _marker(self, which: str):
+        """One marker through the DB-API cursor (its canonical spelling: the DB-API's
+        behaviour, whatever the client wrote); COMMIT of a non-empty block is a release."""
+        if which in (marker.COMMIT, marker.ROLLBACK):
+            self.driver_transaction = False
+        if which == marker.COMMIT and self._dbapi.workload:
+            return self._commit()
+        self._dbapi.cursor().execute(which.upper())    # "BEGIN WORKLOAD", "ROLLBACK", ...
+        if which == marker.BEGIN:
+            self.driver_transaction = True
+        return Result(_TAGS[which])
+
+    def _commit(self):
+        """Release the block as ONE workload: its allowance reserved first, then the DB-API
+        cursor's COMMIT. Refused (not granted, over the allowance, a setting missing): the
+        block is discarded, nothing charged, as a refused COMMIT in the DB-API."""
+        outcomes = self._release(list(self._dbapi.workload), execute="COMMIT")
+        if self.in_block:
+            self._dbapi.cursor().execute("ROLLBACK")
+        if isinstance(outcomes[-1], Failure):
+            return outcomes[-1]
+        return _Many(outcomes + [Result("COMMIT")])
+
+    def _collect(self, text: str):
+        """A statement inside the block: granted, then checked and collected by the DB-API
+        cursor (refused: an error, and the block stays open as it was)."""
+        conn = self._configured()
+        try:
+            table = conn.session._parse(text, conn.session.policies())[0].table
+        except dp.DpsqlError:
+            table = None              # refused below by the DB-API, which says so
+        if table is not None:
+            self._granted(table, "; the statement was not added to the open workload block")
+        conn.cursor().execute(text)
+        return Result("SELECT 0")
 
     # ---------------------------------------------------------------- settings
     def _set_statement(self, text: str):
@@ -176,10 +220,10 @@ class AnalystConnection:
         lines = str(explanation).splitlines()
         return Result.table(["QUERY PLAN"], ["VARCHAR"], [[ln] for ln in lines], "EXPLAIN")
 
-    def _granted(self, table: str) -> None:
+    def _granted(self, table: str, note: str = "") -> None:
         if not self.account.may_use(table):
             raise dp.AccessDenied(f"table {table!r} is not granted to {self.account.user!r}; "
-                                  "the data owner gives an allowance in the users file")
+                                  f"the data owner gives an allowance in the users file{note}")
 
     def _cost(self, conn, sql: str) -> tuple[str, Fraction, Fraction]:
         """(table, ε, δ) the release may charge: the settings, or an accuracy target's ε."""
@@ -195,10 +239,12 @@ class AnalystConnection:
         eps = Fraction(repr(eps)) if isinstance(eps, float) else Fraction(eps)
         return policy.table, eps, Fraction(self.settings["delta"])
 
-    def _release(self, texts: list[str]) -> list:
+    def _release(self, texts: list[str], execute: str | None = None) -> list:
+        """Release ``texts`` as one workload (``execute``: what the DB-API cursor runs for
+        it, "COMMIT" for an open block; by default the texts)."""
         sql = ";\n".join(t.strip().rstrip(";").strip() for t in texts)
         try:
-            return self._charged(sql)
+            return self._charged(sql, execute or sql)
         except (dp.DpsqlError, dp.RequestCancelled) as exc:   # cancelled: 57014, nothing charged
             outcome = Failure.of(exc)
         except dbapi.Error as exc:
@@ -209,14 +255,14 @@ class AnalystConnection:
         self.server.audit(self.account.user, "release", sql, outcome)
         return [outcome]
 
-    def _charged(self, sql: str) -> list:
+    def _charged(self, sql: str, execute: str) -> list:
         self.cancelled, self.running = False, True
         try:
-            return self._spend(sql)
+            return self._spend(sql, execute)
         finally:
             self.running = self.cancelled = False
 
-    def _spend(self, sql: str) -> list:
+    def _spend(self, sql: str, execute: str) -> list:
         conn = self._configured()
         table, eps, dlt = self._cost(conn, sql)
         journal = self.server.journal
@@ -227,7 +273,7 @@ class AnalystConnection:
                 raise dp.RequestCancelled("the request was cancelled before the charge; "
                                           "nothing was charged or released")
             with self.server.watch(self):
-                cur.execute(sql)
+                cur.execute(execute)
             release = cur.release
         except InterruptedAfterRelease as exc:       # charged and written: keep it
             release = exc.release
@@ -258,6 +304,8 @@ class AnalystConnection:
     def close(self) -> None:
         self.views.close()
         try:
+            if self.in_block:     # a disconnect discards the block: nothing charged
+                self._dbapi.cursor().execute("ROLLBACK")
             self._dbapi.close()
         except dbapi.Error:
             pass
@@ -268,7 +316,9 @@ class _Many(list):
 
 
 def _failure(exc: dbapi.Error) -> Failure:
+    """The error table's SQLSTATE of the dpsql error behind ``exc``, with the DB-API's
+    message (which may say more: "the statement was not added to the open workload block")."""
     cause = exc.__cause__
     if isinstance(cause, dp.DpsqlError):
-        return Failure.of(cause)
+        return Failure(dp.error_row(cause).sqlstate, " ".join(str(exc).split()))
     return Failure(dp.error_row(dp.DpsqlError).sqlstate, str(exc).splitlines()[0])

@@ -18,7 +18,7 @@ from dpsql import errors as dp
 from dpsql.interfaces.server import scram, wire
 from dpsql.interfaces.server.analyst import AnalystConnection, _Many
 from dpsql.interfaces.server.params import bind, decode
-from dpsql.interfaces.server.results import Failure, Result
+from dpsql.interfaces.server.results import Failure, Notice, Result
 
 SASL, SASL_CONTINUE, SASL_FINAL, AUTH_OK = 10, 11, 12, 0
 #: how long a new connection may take to start up and authenticate
@@ -139,6 +139,7 @@ class Handler(socketserver.StreamRequestHandler):
         self.statements: dict = {}
         self.portals: dict = {}
         self.skipping = False
+        self.notices = b""
         while True:
             kind, payload = wire.read_message(self.rfile)
             if kind == b"X":
@@ -164,8 +165,10 @@ class Handler(socketserver.StreamRequestHandler):
         self._send(out + self._ready())
 
     def _extended(self, kind: bytes, payload: bytes) -> None:
+        self.notices = b""              # NoticeResponses of the statement run, sent first
         try:
-            self._send(getattr(self, "_msg_" + kind.decode())(wire.Reader(payload)))
+            out = getattr(self, "_msg_" + kind.decode())(wire.Reader(payload))
+            self._send(self.notices + out)
         except _Refused as exc:
             self._error(exc.failure)
         except dp.DpsqlError as exc:
@@ -173,7 +176,7 @@ class Handler(socketserver.StreamRequestHandler):
 
     def _error(self, failure: Failure) -> None:
         self.skipping = True
-        self._send(wire.error(failure.sqlstate, failure.message))
+        self._send(self.notices + wire.error(failure.sqlstate, failure.message))
 
     def _msg_P(self, r: wire.Reader) -> bytes:
         name, sql = r.cstring(), r.cstring()
@@ -230,6 +233,8 @@ class Handler(socketserver.StreamRequestHandler):
 
     def _outcome(self, sql: str):
         outcomes = list(_flat(self.analyst.run(sql)))
+        self.notices += b"".join(_encode(o, False) for o in outcomes if isinstance(o, Notice))
+        outcomes = [o for o in outcomes if not isinstance(o, Notice)]
         failures = [o for o in outcomes if isinstance(o, Failure)]
         return failures[0] if failures else outcomes[-1] if outcomes else Result("EMPTY")
 
@@ -267,6 +272,8 @@ def _flat(outcomes):
 def _encode(o, describe: bool) -> bytes:
     if isinstance(o, Failure):
         return wire.error(o.sqlstate, o.message)
+    if isinstance(o, Notice):
+        return wire.notice(o.message)
     if o.tag == "EMPTY":
         return wire.EMPTY_QUERY
     out = b""

@@ -82,3 +82,11 @@ class Failure:
     @classmethod
     def of(cls, error: BaseException) -> "Failure":
         return cls(error_row(error).sqlstate, one_line(error))
+
+
+@dataclass
+class Notice:
+    """A notice the DB-API connection gave (a no-op BEGIN/COMMIT/ROLLBACK, a discarded or
+    empty workload block): sent as a NoticeResponse, before its statement's outcome."""
+
+    message: str

@@ -1,7 +1,8 @@
 """Splitting a query message into statements and deciding where each one goes.
 
-Kinds: ``empty``; ``begin_workload`` (``BEGIN WORKLOAD``), ``begin``/``commit``/``rollback``
-(drivers send them on their own: no-ops unless a workload is open); ``set`` and ``show``
+Kinds: ``empty``; ``marker`` (``BEGIN WORKLOAD``, ``COMMIT``, ``ROLLBACK``, plain ``BEGIN``:
+recognised by :mod:`dpsql.sql.marker`, the one recognition, and handled by the DB-API
+connection's workload block); ``set`` and ``show``
 (``dpsql.*`` settings through the one declaration; the driver settings PostgreSQL clients
 send are accepted and ignored); ``explain``; ``noop`` (DISCARD, DEALLOCATE, ...);
 ``release`` (reads a protected table: only through a charged release); ``public``
@@ -17,8 +18,9 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.tokens import TokenType
 
+from dpsql.sql import marker
+
 _WORD = re.compile(r"\s*([A-Za-z_]+)")
-_BEGIN_WORKLOAD = re.compile(r"^\s*BEGIN\s+WORKLOAD\s*;?\s*$", re.I)
 _SET = re.compile(r"^\s*SET\s+(?:SESSION\s+|LOCAL\s+)?([A-Za-z_][\w.]*)\s*(?:=|\bTO\b)\s*(.*?)"
                   r"\s*;?\s*$", re.I | re.S)
 _SHOW = re.compile(r"^\s*SHOW\s+(.+?)\s*;?\s*$", re.I | re.S)
@@ -88,17 +90,11 @@ def kind(sql: str, protected: set, visible: set) -> str:
     """Where one statement goes (see the module docstring)."""
     if not sql.strip().strip(";").strip():
         return "empty"
+    if marker_of(sql):
+        return "marker"
     word = first_word(sql)
-    if _BEGIN_WORKLOAD.match(sql):
-        return "begin_workload"
-    if word in ("BEGIN", "START"):
-        return "begin"
-    if word in ("COMMIT", "END"):
-        return "commit"
-    if _ROLLBACK_TO.match(sql):
+    if _ROLLBACK_TO.match(sql):     # savepoints (drivers' nested transactions): no-ops
         return "noop"
-    if word in ("ROLLBACK", "ABORT"):
-        return "rollback"
     if word == "SET":
         return "set"
     if word == "SHOW":
@@ -110,6 +106,12 @@ def kind(sql: str, protected: set, visible: set) -> str:
     if word == "CALL":
         return "admin"
     return _reads(sql, protected, visible)
+
+
+def marker_of(sql: str) -> str | None:
+    """The workload marker one statement is (:func:`dpsql.sql.marker.pieces`), or None."""
+    found = marker.pieces(sql)
+    return found[0].marker if len(found) == 1 else None
 
 
 def _reads(sql: str, protected: set, visible: set) -> str:
