@@ -186,23 +186,35 @@ def test_a_flood_of_connections_is_refused_past_the_limit(server):
 
 
 def test_a_client_that_leaves_mid_release_loses_nothing(server):
+    """A disconnect cancels a request not yet charged (nothing charged, nothing written,
+    SQLSTATE 57014 in the audit) and never loses one already charged (kept and written):
+    whichever happened, the audit, the ledger and the result table agree."""
     conn = connect(server, "alice")
     conn.pgconn.send_query(b"CREATE TABLE left_behind AS SELECT count(*) FROM adult "
                            b"GROUP BY race")
     conn.pgconn.flush()
     socket.socket(fileno=conn.pgconn.socket).close()    # gone, without a Terminate
-    with connect(server, "alice") as again:
-        for _ in range(3000):                  # wait for the server to finish it
-            names = {r[0] for r in again.execute(
-                "SELECT table_name FROM information_schema.tables").fetchall()}
-            if "left_behind" in names:
-                break
-            time.sleep(0.1)
-        assert len(again.execute("SELECT * FROM left_behind").fetchall()) == 5
+    outcome = []
+    for _ in range(3000):                      # wait for the server to finish with it
+        with connect(server, "owner") as owner:
+            outcome = owner.execute(
+                "SELECT outcome, sqlstate FROM dpsql_audit WHERE kind = 'release' "
+                "AND sql_text LIKE '%left_behind%'").fetchall()
+        if outcome:
+            break
+        time.sleep(0.1)
+    assert len(outcome) == 1
     with connect(server, "owner") as owner:
-        rows = owner.execute("SELECT analyst FROM dpsql_ledger WHERE result_tables = "
-                             "'left_behind'").fetchall()
-        assert rows == [("alice",)]
+        ledger = owner.execute("SELECT analyst FROM dpsql_ledger WHERE result_tables = "
+                               "'left_behind'").fetchall()
+    with connect(server, "alice") as again:
+        names = {r[0] for r in again.execute(
+            "SELECT table_name FROM information_schema.tables").fetchall()}
+        if outcome[0][0] == "refused":                      # cancelled before the charge
+            assert outcome[0][1] == "57014" and ledger == [] and "left_behind" not in names
+        else:                                               # charged: kept and written
+            assert ledger == [("alice",)]
+            assert len(again.execute("SELECT * FROM left_behind").fetchall()) == 5
     assert server.alive()
 
 
