@@ -20,8 +20,13 @@ from dpsql.release.support import _request_params
 
 def plan(ask: Ask, public: Public) -> Plan:
     """How the batch is answered and what it costs: :func:`dpsql.mechanisms.reuse.decide`
-    (strategy selection over the rows not answered free by past releases)."""
-    policy, queries, workload = public.compile(ask.sql)
+    (strategy selection over the rows not answered free by past releases), or, for a batch
+    compiled to Kronecker blocks, :class:`dpsql.release.implicit.ImplicitPlan`."""
+    from dpsql.release import implicit
+
+    policy, queries, workload = implicit.compile_for(ask, public)
+    if getattr(workload, "implicit", False):
+        return implicit.ImplicitPlan.of(ask, public, policy, queries, workload)
     records = reuse_mod.load(public.con, policy, public.private) if ask.reuse else []
     objective, target = ask.objective if ask.objective is not None else ("rmse", None)
     d = reuse_mod.decide(public.con, policy, workload, records,
