@@ -47,6 +47,8 @@ from dpsql.workload.domain import TRUE
 DENSE_MAX_CELLS = 1024
 #: the most rows (answers) one implicit batch may have
 MAX_ANSWERS = 5_000_000
+#: the most cells one clique's marginal may have (the engine returns it, the plan reads it)
+MAX_CLIQUE_CELLS = 1 << 22
 
 
 class NotFactorable(Exception):
@@ -147,12 +149,30 @@ def _block(q: Query, gs: tuple, masks: dict | None, policy, parts: Parts):
         else:
             F = mask.reshape(1, -1)
         factors.append(F)
+    block = KronBlock(tuple(factors))
+    _check_clique(q, block, parts)
     # rows of the block: C order over gs's columns in policy order; the statement's: gs order
     by_policy = sorted(range(len(gs)), key=lambda k: parts.index[gs[k]])
     counts = [len(per_col_keys[k]) for k in by_policy]
+    if math.prod(counts) > MAX_ANSWERS:
+        raise UnsupportedQueryError(
+            f"statement {q.index + 1} groups by {', '.join(gs)}: {math.prod(counts):,} "
+            f"groups, more than the limit of {MAX_ANSWERS:,} answers; split it")
     grid = np.arange(math.prod(counts), dtype=np.int64).reshape(counts)
     order = grid.transpose(np.argsort(by_policy)).reshape(-1)
-    return KronBlock(tuple(factors)), per_col_keys, order
+    return block, per_col_keys, order
+
+
+def _check_clique(q: Query, block: KronBlock, parts: Parts) -> None:
+    cells = math.prod(block.sizes[i] for i in block.used)
+    if cells > MAX_CLIQUE_CELLS:
+        cols = [parts.partitions[i] for i in block.used]
+        raise UnsupportedQueryError(
+            f"statement {q.index + 1} reads {len(cols)} columns together ("
+            + ", ".join(f"{p.column}={p.n_parts} parts" for p in cols)
+            + f"): their marginal has {cells:,} cells, more than the limit of "
+            f"{MAX_CLIQUE_CELLS:,} for one block; group by fewer columns in one statement, "
+            "or coarsen a column's groups")
 
 
 def implicit_workload(queries: list[Query], policy, parts: Parts) -> ImplicitWorkload:

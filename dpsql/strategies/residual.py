@@ -309,7 +309,15 @@ def blocks_plan(union: UnionWorkload) -> ResidualPlan:
     """
     sizes = union.sizes
     cliques = {b.used for b in union.blocks}
-    every = closure(cliques)
+    try:
+        every = closure(cliques)
+    except StrategyError as exc:
+        big = sorted(cliques, key=len, reverse=True)[:3]
+        raise StrategyError(
+            f"{exc}: the largest blocks read the columns "
+            + "; ".join(", ".join(union.columns[i] for i in B) for B in big)
+            + " — split the batch so that each request reads fewer columns together") \
+            from None
     subsets = [A for A in every if multiplicity(sizes, A) > 0]
     index = {A: j for j, A in enumerate(subsets)}
     g = np.zeros(len(subsets))
