@@ -73,8 +73,38 @@ def bound_total(workload) -> tuple[float, str]:
         return math.nan, f"no lower bound computed: {exc}"
 
 
+#: predicted bytes per answer (answer, standard error, half-width, its key tuple, the table
+#: row) and per marginal cell (the engine's counts, the summed-down and transformed copies)
+BYTES_PER_ANSWER, BYTES_PER_CELL = 256, 32
+
+
+def predicted_bytes(workload) -> int:
+    """Memory the implicit path needs: answers and the cliques' marginals, never the product
+    (measured: 54 MB for 232,391 answers over 175 cliques; this predicts 60 MB)."""
+    union = workload.union
+    cells = sum(math.prod(union.sizes[i] for i in c) for c in union.cliques())
+    factors = sum(F.size for b in union.blocks for F in b.factors)
+    return BYTES_PER_ANSWER * workload.n_queries + BYTES_PER_CELL * cells + 8 * factors
+
+
+def check_limits(workload) -> None:
+    """Refuse (before any charge) a batch whose predicted memory is over ``max_memory``."""
+    from dpsql.errors import BatchTooLarge
+    from dpsql.workload import limits
+
+    need, limit = predicted_bytes(workload), limits.current()
+    if need > limit.max_memory:
+        big = sorted(workload.union.cliques(), key=len, reverse=True)[:2]
+        raise BatchTooLarge(
+            f"this batch needs about {limits.show_bytes(need)} to plan and answer "
+            f"({workload.n_queries:,} answers; largest blocks read "
+            + "; ".join(", ".join(workload.union.columns[i] for i in B) for B in big)
+            + f"), over {limit.describe()}; nothing was charged; split the batch")
+
+
 def select(policy, workload, eps, dlt, calibration: str) -> tuple[Explanation, ResidualChoice]:
     """The structured candidates' expected errors and the chosen one (no data, no budget)."""
+    check_limits(workload)
     started = time.perf_counter()
     rplan = residual.blocks_plan(workload.union)
     choice = ResidualChoice(workload, rplan, residual.as_marginal_plan(rplan))

@@ -246,3 +246,17 @@ def test_pure_epsilon_over_a_huge_product_is_refused_clearly():
     with pytest.raises(DpsqlError, match="cells"):
         db.explain(pairs, epsilon=1, delta=0)
     db.close()
+
+
+def test_implicit_batch_over_max_memory_is_refused_before_any_charge():
+    from dpsql.errors import BatchTooLarge
+
+    db, _ = _database(_NoNoise())
+    pairs = [f"SELECT {a}, {b}, COUNT(*) FROM adult GROUP BY {a}, {b}"
+             for a, b in itertools.combinations(COLS, 2)]
+    with dpsql.planning_limits(max_memory=2 ** 18):
+        with pytest.raises(BatchTooLarge, match="answers; largest blocks read.*split"):
+            db.answer(pairs, epsilon=1, delta=1e-6)
+    assert db.ledger() == []
+    assert db.explain(pairs, epsilon=1, delta=1e-6).strategy == "residual"
+    db.close()
