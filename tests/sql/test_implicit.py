@@ -260,3 +260,36 @@ def test_implicit_batch_over_max_memory_is_refused_before_any_charge():
     assert db.ledger() == []
     assert db.explain(pairs, epsilon=1, delta=1e-6).strategy == "residual"
     db.close()
+
+
+@pytest.mark.parametrize("tamper", ["understated", "scaled"])
+def test_kernel_derives_the_marginal_plans_sensitivity_itself(monkeypatch, tamper):
+    """A plan whose recorded sensitivity is understated, or whose rows were scaled up after
+    σ was calibrated, is refused by the kernel from the factors: nothing charged or read."""
+    from dataclasses import replace
+
+    from dpsql.errors import ScaleRefused
+    from dpsql.strategies import residual
+    from dpsql.workload import marginals
+
+    original = residual.as_marginal_plan
+
+    def tampered(plan, name="residual"):
+        mplan = original(plan, name)
+        if tamper == "understated":
+            object.__setattr__(mplan, "sensitivity", mplan.sensitivity * 0.9)
+            return mplan
+        first = mplan.measurements[0]
+        bigger = marginals.MarginalMeasurement(first.columns, first.factors, first.scale * 1.5)
+        out = replace(mplan, measurements=(bigger,) + mplan.measurements[1:])
+        object.__setattr__(out, "sensitivity", mplan.sensitivity)
+        return out
+
+    monkeypatch.setattr(residual, "as_marginal_plan", tampered)
+    db, _ = _database(_NoNoise())
+    pairs = [f"SELECT {a}, {b}, COUNT(*) FROM adult GROUP BY {a}, {b}"
+             for a, b in itertools.combinations(COLS[:5], 2)]
+    with pytest.raises(ScaleRefused, match="nothing was charged or read"):
+        db.answer(pairs, epsilon=1, delta=1e-6)
+    assert db.ledger() == []
+    db.close()
