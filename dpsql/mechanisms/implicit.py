@@ -102,8 +102,11 @@ def check_limits(workload) -> None:
             + f"), over {limit.describe()}; nothing was charged; split the batch")
 
 
-def select(policy, workload, eps, dlt, calibration: str) -> tuple[Explanation, ResidualChoice]:
-    """The structured candidates' expected errors and the chosen one (no data, no budget)."""
+def select(policy, workload, eps, dlt, calibration: str,
+           reuse: bool = False) -> tuple[Explanation, ResidualChoice]:
+    """The structured candidates' expected errors and the chosen one (no data, no budget).
+    ``reuse``: the request asked for answers from past releases, which implicit batches do
+    not combine yet: explain says so (the answers are what they would be without it)."""
     check_limits(workload)
     started = time.perf_counter()
     rplan = residual.blocks_plan(workload.union)
@@ -126,6 +129,11 @@ def select(policy, workload, eps, dlt, calibration: str) -> tuple[Explanation, R
                          note=f"skipped: needs the full product of {workload.n_cells:,} "
                               "cells (the batch is compiled to Kronecker blocks)")
                for name in AUTO_CANDIDATES]
+    if reuse:
+        skipped.append(Candidate("reuse", math.nan, math.nan, math.nan, np.zeros(0),
+                                 note="skipped: answers from past releases are not combined "
+                                      "with batches compiled to blocks yet (no effect on "
+                                      "these answers)"))
     expl = Explanation(policy.table, float(eps), float(dlt), "residual", sigma, rmse, stderr,
                        workload.n_queries, workload.n_cells, (best, *skipped),
                        tuple((o.query.index, o.start, o.stop) for o in workload.outputs),

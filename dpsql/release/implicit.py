@@ -62,7 +62,8 @@ class ImplicitPlan(Plan):
     @classmethod
     def of(cls, ask: Ask, public: Public, policy, queries, workload) -> "ImplicitPlan":
         eps = ask.epsilon
-        expl, choice = selection.select(policy, workload, eps, ask.delta, ask.calibration)
+        expl, choice = selection.select(policy, workload, eps, ask.delta, ask.calibration,
+                                        reuse=ask.reuse)
         params = _request_params(eps, ask.delta, ask.strategy, ask.calibration, "dp") \
             | ask.flags
         sigma, mplan = expl.sigma, choice.plan
