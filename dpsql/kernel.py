@@ -51,7 +51,8 @@ from dpsql.noise.gaussian import (exact_zcdp_rho, gaussian_shortfall, sensitivit
 from dpsql.noise.laplace import laplace_shortfall
 from dpsql.noise.samplers import SecureGaussianSampler
 from dpsql.mechanisms.mwem.groups import AllIntervals, CandidateGroups, GroupValues, group_sensitivities
-from dpsql.workload.marginals import MarginalPlan, computed_l2_sensitivity
+from dpsql.workload.marginals import (MarginalPlan, computed_l1_sensitivity,
+                                     computed_l2_sensitivity)
 from dpsql.workload.matrix import EXACT_ROWS, QUANTUM_BITS, Plan, exact_l1_sensitivity
 
 #: a recorded zCDP ρ may overstate the exact one by at most this (relative); above, the
@@ -666,7 +667,9 @@ def release_marginals(kernel: Kernel, con, policy, workload, plan: MarginalPlan,
                       sigma: float, request: ledger.Charge,
                       mechanism: str = "gaussian") -> Measurement:
     """Charge, read the cliques' marginals (never the full product), return ``y = A x +
-    noise`` for a :class:`~dpsql.workload.marginals.MarginalPlan` (Gaussian only).
+    noise`` for a :class:`~dpsql.workload.marginals.MarginalPlan` (Gaussian σ, or Laplace
+    scale ``b`` on :func:`~dpsql.workload.marginals.computed_l1_sensitivity` for a pure
+    charge: ``(Δ₁ + p·2^k(b))/b ≤ ε`` exactly, :func:`_checked_laplace`).
 
     Privacy argument, checked before the charge, never taken from the caller:
 
@@ -684,15 +687,19 @@ def release_marginals(kernel: Kernel, con, policy, workload, plan: MarginalPlan,
     columns' declared parts (every part present, zeros included); each measurement's
     marginal is summed down from a clique's (exact: integer counts under 2⁵³).
     """
-    if mechanism != "gaussian":
-        raise StrategyError("internal error: marginal plans are released with Gaussian noise")
+    if mechanism not in ("gaussian", "laplace"):
+        raise StrategyError(f"internal error: unknown noise mechanism {mechanism!r}")
     if not (np.isfinite(sigma) and sigma > 0):
         raise StrategyError("internal error: the noise scale must be positive and finite")
-    what = f"gaussian release of strategy {plan.strategy!r}"
+    what = f"{mechanism} release of strategy {plan.strategy!r}"
     if tuple(plan.sizes) != tuple(workload.shape):
         _refuse_if(f"the plan covers parts {plan.sizes}, the workload {workload.shape}", what)
-    sensitivity = computed_l2_sensitivity(plan)
-    _checked_gaussian(float(sigma), request, sensitivity, plan.n_measurements, what)
+    if mechanism == "laplace":
+        sensitivity = computed_l1_sensitivity(plan)
+        _checked_laplace(float(sigma), request, sensitivity, plan.n_measurements, what)
+    else:
+        sensitivity = computed_l2_sensitivity(plan)
+        _checked_gaussian(float(sigma), request, sensitivity, plan.n_measurements, what)
     release_id, names = ledger.charge(con, policy, request)   # committed here
     columns = [(p.column, policy.column(p.column), p.unit_to_part)
                for p in workload.partitions]
@@ -704,7 +711,11 @@ def release_marginals(kernel: Kernel, con, policy, workload, plan: MarginalPlan,
     values = np.concatenate([_measure_marginal(m, counts, plan.sizes)
                              for m in plan.measurements])
     del counts
-    y, grid = kernel.sampler.sample(values, sigma, sensitivity=sensitivity)
+    if mechanism == "laplace":
+        y, grid = kernel.sampler.laplace(values, sigma, sensitivity=sensitivity,
+                                         epsilon=request.cost.epsilon)
+    else:
+        y, grid = kernel.sampler.sample(values, sigma, sensitivity=sensitivity)
     return Measurement(release_id, names, np.asarray(y, dtype=float), sigma, grid,
                        kernel.private)
 
@@ -720,6 +731,21 @@ def _measure_marginal(m, counts: dict, sizes) -> np.ndarray:
     for axis, F in enumerate(m.factors):
         T = apply_along(T, F, axis)
     return (np.asarray(T, dtype=float) * m.scale).reshape(-1)
+
+
+def _checked_laplace(b: float, request: ledger.Charge, sensitivity: float, p: int,
+                     what: str) -> None:
+    """``b`` and the charge against the L1 sensitivity the kernel derived: a pure charge and
+    ``(Δ₁ + p·2^k(b)) / b ≤ ε`` exactly (:func:`~dpsql.noise.laplace.laplace_shortfall`)."""
+    if not isinstance(request, ledger.Charge):
+        raise StrategyError("internal error: a release needs its ledger Charge")
+    if request.mechanism != "laplace":
+        _refuse_if(f"the charge records mechanism {request.mechanism!r}", what)
+    if request.cost.delta != 0:
+        _refuse_if("a Laplace release is pure: its charge must have delta = 0", what)
+    if request.sigma is not None and float(request.sigma) != b:
+        _refuse_if(f"the charge records scale {request.sigma!r} but {b!r} was given", what)
+    _refuse_if(laplace_shortfall(b, request.cost.epsilon, sensitivity, p), what)
 
 
 def _checked_gaussian(sigma: float, request: ledger.Charge, sensitivity: float, p: int,

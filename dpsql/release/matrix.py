@@ -26,7 +26,16 @@ def plan(ask: Ask, public: Public) -> Plan:
 
     policy, queries, workload = implicit.compile_for(ask, public)
     if getattr(workload, "implicit", False):
-        return implicit.ImplicitPlan.of(ask, public, policy, queries, workload)
+        structured = implicit.ImplicitPlan.of(ask, public, policy, queries, workload)
+        dense = implicit.dense_alternative(ask, public, policy, queries, workload)
+        if dense is None:
+            return structured
+        other = _dense_plan(ask, public, policy, queries, dense)
+        return implicit.better(structured, other)
+    return _dense_plan(ask, public, policy, queries, workload)
+
+
+def _dense_plan(ask: Ask, public: Public, policy, queries, workload) -> Plan:
     records = reuse_mod.load(public.con, policy, public.private) if ask.reuse else []
     objective, target = ask.objective if ask.objective is not None else ("rmse", None)
     d = reuse_mod.decide(public.con, policy, workload, records,

@@ -149,3 +149,29 @@ def computed_l2_sensitivity(plan: MarginalPlan) -> float:
     while Fraction(root) ** 2 < bound:
         root = math.nextafter(root, math.inf)
     return root
+
+
+def _max_column_abs_sum(F: np.ndarray) -> Fraction:
+    """``max_j Σ_i |F_ij|`` exactly (the float entries read as rationals)."""
+    approx = np.abs(F.astype(float)).sum(axis=0)
+    best = Fraction(0)
+    for j in np.flatnonzero(approx >= approx.max() * (1 - 1e-9)):
+        best = max(best, sum((abs(Fraction(float(v))) for v in F[:, j]), Fraction(0)))
+    return best
+
+
+def computed_l1_sensitivity(plan: MarginalPlan) -> float:
+    """An upper bound on ``‖fl(A x) − fl(A x')‖₁`` for neighbouring tables of fewer than
+    :data:`MAX_ROWS` rows: ``Δ̄₁ (1 + 2 θ R_max)`` with ``Δ̄₁ = Σ_k scale_k Π_i max_j
+    ‖F_{k,i}[:, j]‖₁`` exactly (module docstring: ``‖e‖₁ ≤ θ Δ̄₁ R``), rounded up."""
+    total = Fraction(0)
+    for m in plan.measurements:
+        term = Fraction(m.scale)
+        for F in m.factors:
+            term *= _max_column_abs_sum(F)
+        total += term
+    bound = total * (1 + 2 * _theta(plan) * MAX_ROWS)
+    value = float(bound)
+    while Fraction(value) < bound:
+        value = math.nextafter(value, math.inf)
+    return value

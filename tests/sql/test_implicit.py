@@ -144,6 +144,9 @@ class _NoNoise:
     def sample(self, values, sigma, *, sensitivity=None):
         return np.asarray(values, dtype=float), 0.0
 
+    def laplace(self, values, scale, *, sensitivity=None, epsilon=None):
+        return np.asarray(values, dtype=float), 0.0
+
 
 def _database(sampler):
     path = os.path.join(tempfile.mkdtemp(prefix="dpsql-implicit-"), "adult.duckdb")
@@ -164,14 +167,15 @@ EMPTY_GROUPS = [
 ]
 
 
-@pytest.mark.parametrize("k", [5, 6, 7])
-def test_oracle_two_way_marginals_and_empty_groups(k):
+@pytest.mark.parametrize("k, delta, strategy", [(5, 1e-6, "residual"), (6, 1e-6, "residual"),
+                                                (7, 1e-6, "residual"), (7, 0, "marginals")])
+def test_oracle_two_way_marginals_and_empty_groups(k, delta, strategy):
     """Every answer equals DuckDB's (exact measurements), every declared group is present."""
     pairs = [f"SELECT {a}, {b}, COUNT(*) FROM adult GROUP BY {a}, {b}"
              for a, b in itertools.combinations(COLS[:k], 2)]
     db, path = _database(_NoNoise())
-    release = db.answer(pairs + EMPTY_GROUPS, epsilon=100, delta=1e-6)
-    assert release.strategy == "residual"
+    release = db.answer(pairs + EMPTY_GROUPS, epsilon=1, delta=delta)
+    assert release.strategy == strategy
     db.close()
     con = duckdb.connect(path)
     policy = _policy()
@@ -239,12 +243,27 @@ def _rows(m, sizes):
     return m.scale * M
 
 
-def test_pure_epsilon_over_a_huge_product_is_refused_clearly():
+def test_single_group_by_keeps_laplace_at_sensitivity_one():
+    """One GROUP BY over a product above the dense limit: Laplace on its marginal (L1
+    sensitivity 1) beats any Gaussian plan at these settings, as the dense identity did."""
+    db, _ = _database(_NoNoise())
+    sql = "SELECT race, sex, education, occupation, COUNT(*) FROM adult " \
+          "GROUP BY race, sex, education, occupation"
+    expl = db.explain(sql, epsilon=1, delta=1e-6)
+    assert expl.strategy == "marginals" and expl.mechanism == "laplace"
+    chosen = next(c for c in expl.candidates if c.strategy == "marginals")
+    assert 1.0 <= chosen.sensitivity < 1.001
+    assert np.allclose(expl.stderr, math.sqrt(2) * chosen.sigma)
+    db.close()
+
+
+def test_huge_batch_the_implicit_path_does_not_serve_is_refused_clearly():
     db, _ = _database(_NoNoise())
     pairs = [f"SELECT {a}, {b}, COUNT(*) FROM adult GROUP BY {a}, {b}"
              for a, b in itertools.combinations(COLS + ["age", "hours_per_week"], 2)]
     with pytest.raises(DpsqlError, match="cells"):
-        db.explain(pairs, epsilon=1, delta=0)
+        db.answer(pairs, epsilon=1, delta=1e-6, nonnegative=True)
+    assert db.ledger() == []
     db.close()
 
 
