@@ -30,7 +30,10 @@ def plan(ask: Ask, public: Public) -> Plan:
         dense = implicit.dense_alternative(ask, public, policy, queries, workload)
         if dense is None:
             return structured
-        other = _dense_plan(ask, public, policy, queries, dense)
+        try:
+            other = _dense_plan(ask, public, policy, queries, dense)
+        except DpsqlError:         # over the planning limits, or no dense candidate fits
+            return structured
         return implicit.better(structured, other)
     return _dense_plan(ask, public, policy, queries, workload)
 

@@ -312,3 +312,24 @@ def test_kernel_derives_the_marginal_plans_sensitivity_itself(monkeypatch, tampe
         db.answer(pairs, epsilon=1, delta=1e-6)
     assert db.ledger() == []
     db.close()
+
+
+def test_blocks_with_ranges_inside_are_compared_with_the_dense_form():
+    """Ranges / IN lists inside a block (what the residual plan does not optimise for) mark
+    a small implicit batch for auto's comparison with the dense candidates."""
+    from dpsql.release.implicit import _has_conditions
+
+    policy = _policy()
+    group = "SELECT race, sex, education, occupation, COUNT(*) FROM adult " \
+            "GROUP BY race, sex, education, occupation"
+    other = "SELECT sex, education, occupation, COUNT(*) FROM adult{} " \
+            "GROUP BY sex, education, occupation"
+    for where, expected in [("", False), (" WHERE sex = 'Male'", False),
+                            (" WHERE age BETWEEN 30 AND 39", False),   # one range: 2 parts
+                            (" WHERE race IN ('White', 'Black')", True)]:
+        workload = compile_batch(_queries(group + ";" + other.format(where), policy), policy)
+        assert isinstance(workload, ImplicitWorkload)
+        assert _has_conditions(workload) is expected, where
+    overlapping = other.format(" WHERE age BETWEEN 30 AND 39") + ";" + \
+        other.format(" WHERE age BETWEEN 35 AND 49")
+    assert _has_conditions(compile_batch(_queries(overlapping, policy), policy))
