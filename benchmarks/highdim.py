@@ -1,6 +1,13 @@
-"""Benchmark: high-dimensional workloads without the full cell product (issue 16, first step).
+"""Benchmark: high-dimensional workloads without the full cell product (issue 16).
 
-    python benchmarks/highdim.py [--records R]
+    python benchmarks/highdim.py [--records R] [--no-sql]
+
+First table (:mod:`highdim_sql`, default settings): SQL batches end to end through the
+Session — compile to Kronecker blocks, residual plan, the kernel's GROUPING SETS marginals,
+answers block by block — with explain/answer CPU and wall seconds, answer peak memory,
+RMSE ÷ svdb, ÷ the residual plan for full marginals and ÷ the certified optimum.
+
+Second table (components):
 
 Cases (all public structure; the data is a synthetic set of R records, only ever held as the
 marginals the plan measures):
@@ -156,7 +163,14 @@ def kron_case():
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--no-sql", action="store_true",
+                        help="skip the end-to-end SQL rows (highdim_sql.py)")
     args = parser.parse_args()
+    if not args.no_sql:
+        from highdim_sql import table
+
+        print("\n".join(table()))
+        print()
     start = time.perf_counter()
     import cvxpy  # noqa: F401  (the max-variance program's solver; imported once per process)
     cvxpy_seconds = time.perf_counter() - start

@@ -51,6 +51,8 @@ from dpsql.noise.gaussian import (exact_zcdp_rho, gaussian_shortfall, sensitivit
 from dpsql.noise.laplace import laplace_shortfall
 from dpsql.noise.samplers import SecureGaussianSampler
 from dpsql.mechanisms.mwem.groups import AllIntervals, CandidateGroups, GroupValues, group_sensitivities
+from dpsql.workload.marginals import (MarginalPlan, computed_l1_sensitivity,
+                                     computed_l2_sensitivity)
 from dpsql.workload.matrix import EXACT_ROWS, QUANTUM_BITS, Plan, exact_l1_sensitivity
 
 #: a recorded zCDP ρ may overstate the exact one by at most this (relative); above, the
@@ -124,6 +126,9 @@ class Kernel:
         OpenDP's own map against it). A shortfall raises :class:`ScaleRefused`: nothing is
         charged, read or sampled.
         """
+        if isinstance(plan, MarginalPlan):      # issue 16: measured through marginals
+            return release_marginals(self, con, policy, workload, plan, sigma, request,
+                                     mechanism)
         if mechanism not in ("gaussian", "laplace"):
             raise StrategyError(f"internal error: unknown noise mechanism {mechanism!r}")
         if not plan.integral or not _on_grid(plan.A):
@@ -654,3 +659,112 @@ class MetricMeasureOracle(MeasureOracle):
         eps = self._spend(eps)
         scores = smalldb_scores(Wc, x, Y, size, total)
         return dx_exponential(scores, eps, sensitivity, sampler=self._sampler)
+
+
+# ------------------------------------------------- releases through marginals (issue 16)
+
+def release_marginals(kernel: Kernel, con, policy, workload, plan: MarginalPlan,
+                      sigma: float, request: ledger.Charge,
+                      mechanism: str = "gaussian") -> Measurement:
+    """Charge, read the cliques' marginals (never the full product), return ``y = A x +
+    noise`` for a :class:`~dpsql.workload.marginals.MarginalPlan` (Gaussian σ, or Laplace
+    scale ``b`` on :func:`~dpsql.workload.marginals.computed_l1_sensitivity` for a pure
+    charge: ``(Δ₁ + p·2^k(b))/b ≤ ε`` exactly, :func:`_checked_laplace`).
+
+    Privacy argument, checked before the charge, never taken from the caller:
+
+    - sensitivity: the kernel recomputes, from the plan's factors and scales,
+      :func:`~dpsql.workload.marginals.computed_l2_sensitivity` — the exact rational bound
+      ``Σ_k scale_k² Π_i max_j ‖F_{k,i}[:, j]‖₂²`` on the squared L2 sensitivity of the
+      stacked rows (a Kronecker product's column norm is the product of its factors'; a
+      union's squared column norm is the sum over its blocks), enlarged by the proven bound
+      on the float64 evaluation error of ``A x`` for tables under 2³² rows (the module's
+      docstring), so the function actually computed has at most that sensitivity;
+    - σ must meet the exact privacy profile at that sensitivity plus the sampler's grid
+      slack, with the charge's ρ matching (:func:`_checked_gaussian`), as for dense plans.
+
+    Data access: one engine call, the marginals of the plan's maximal cliques over the
+    columns' declared parts (every part present, zeros included); each measurement's
+    marginal is summed down from a clique's (exact: integer counts under 2⁵³).
+    """
+    if mechanism not in ("gaussian", "laplace"):
+        raise StrategyError(f"internal error: unknown noise mechanism {mechanism!r}")
+    if not (np.isfinite(sigma) and sigma > 0):
+        raise StrategyError("internal error: the noise scale must be positive and finite")
+    what = f"{mechanism} release of strategy {plan.strategy!r}"
+    if tuple(plan.sizes) != tuple(workload.shape):
+        _refuse_if(f"the plan covers parts {plan.sizes}, the workload {workload.shape}", what)
+    if mechanism == "laplace":
+        sensitivity = computed_l1_sensitivity(plan)
+        _checked_laplace(float(sigma), request, sensitivity, plan.n_measurements, what)
+    else:
+        sensitivity = computed_l2_sensitivity(plan)
+        _checked_gaussian(float(sigma), request, sensitivity, plan.n_measurements, what)
+    release_id, names = ledger.charge(con, policy, request)   # committed here
+    columns = [(p.column, policy.column(p.column), p.unit_to_part)
+               for p in workload.partitions]
+    cliques = plan.cliques()
+    counts = engine.marginals(con, policy.table, columns, cliques)
+    if max(float(T.sum()) for T in counts.values()) >= EXACT_ROWS:
+        raise StrategyError("the table is too large for exact products (2**32 rows or more); "
+                            "this release was charged and nothing was released")
+    values = np.concatenate([_measure_marginal(m, counts, plan.sizes)
+                             for m in plan.measurements])
+    del counts
+    if mechanism == "laplace":
+        y, grid = kernel.sampler.laplace(values, sigma, sensitivity=sensitivity,
+                                         epsilon=request.cost.epsilon)
+    else:
+        y, grid = kernel.sampler.sample(values, sigma, sensitivity=sensitivity)
+    return Measurement(release_id, names, np.asarray(y, dtype=float), sigma, grid,
+                       kernel.private)
+
+
+def _measure_marginal(m, counts: dict, sizes) -> np.ndarray:
+    """``scale · (⊗F_i) m`` on the marginal of the measurement's columns, summed down from
+    the smallest clique marginal that contains them (float64 mode products, as bounded)."""
+    from dpsql.workload.blocks import apply_along
+
+    key = min((c for c in counts if set(m.columns) <= set(c)),
+              key=lambda c: math.prod(sizes[i] for i in c))
+    T = counts[key].sum(axis=tuple(a for a, i in enumerate(key) if i not in m.columns))
+    for axis, F in enumerate(m.factors):
+        T = apply_along(T, F, axis)
+    return (np.asarray(T, dtype=float) * m.scale).reshape(-1)
+
+
+def _checked_laplace(b: float, request: ledger.Charge, sensitivity: float, p: int,
+                     what: str) -> None:
+    """``b`` and the charge against the L1 sensitivity the kernel derived: a pure charge and
+    ``(Δ₁ + p·2^k(b)) / b ≤ ε`` exactly (:func:`~dpsql.noise.laplace.laplace_shortfall`)."""
+    if not isinstance(request, ledger.Charge):
+        raise StrategyError("internal error: a release needs its ledger Charge")
+    if request.mechanism != "laplace":
+        _refuse_if(f"the charge records mechanism {request.mechanism!r}", what)
+    if request.cost.delta != 0:
+        _refuse_if("a Laplace release is pure: its charge must have delta = 0", what)
+    if request.sigma is not None and float(request.sigma) != b:
+        _refuse_if(f"the charge records scale {request.sigma!r} but {b!r} was given", what)
+    _refuse_if(laplace_shortfall(b, request.cost.epsilon, sensitivity, p), what)
+
+
+def _checked_gaussian(sigma: float, request: ledger.Charge, sensitivity: float, p: int,
+                      what: str) -> None:
+    """σ and the charge against a sensitivity the kernel derived (the Gaussian half of
+    :func:`_checked_scale`): the exact profile with grid slack, and ρ matching the charge."""
+    if not isinstance(request, ledger.Charge):
+        raise StrategyError("internal error: a release needs its ledger Charge")
+    if request.mechanism != "gaussian":
+        _refuse_if(f"the charge records mechanism {request.mechanism!r}", what)
+    if request.sigma is not None and float(request.sigma) != sigma:
+        _refuse_if(f"the charge records scale {request.sigma!r} but {sigma!r} was given", what)
+    cost = request.cost
+    _refuse_if(gaussian_shortfall(sigma, cost.epsilon, cost.delta, sensitivity, p,
+                                  request.calibration), what)
+    need = exact_zcdp_rho(sigma, sensitivity_with_slack(sigma, sensitivity, p))
+    if request.rho is None:
+        _refuse_if("a Gaussian charge must record its zCDP rho", what)
+    counted = Spend.of(cost.epsilon, cost.delta, "gaussian", request.rho).rho
+    if counted is None or counted < need or Fraction(request.rho) > need * (1 + RHO_MATCH):
+        _refuse_if(f"the charge records rho={request.rho!r}, not the exact {float(need)!r} "
+                   f"of sigma={sigma!r}", what)

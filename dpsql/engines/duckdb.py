@@ -150,3 +150,61 @@ def data_vector(con, table: str, columns, n_cells: int) -> np.ndarray:
             raise EngineError("internal error: a row mapped outside the declared cells")
         x[idx] = np.asarray(counts, dtype=np.float64)
     return x
+
+
+# ------------------------------------------------------------------ marginals of cliques
+
+def marginals_sql(table: str, columns: Sequence[tuple[str, object, np.ndarray]],
+                  cliques: Sequence[tuple]) -> str:
+    """One query returning ``(part_0, …, part_{d−1}, set, n)`` for every non-empty cell of
+    every clique's marginal: one scan, ``GROUP BY GROUPING SETS``.
+
+    ``columns``: (name, domain, unit_to_part) per used column; ``cliques``: tuples of
+    indices into ``columns``. ``set`` is ``GROUPING(p_0, …)`` (bit ``d−1−i`` set when
+    column ``i`` is rolled up), which names the clique; rolled-up parts read -1.
+
+    The count is the one aggregate today. A weighted sum or per-unit contribution caps
+    extend the inner select (a clamped value column, a per-unit row number) and the
+    aggregate, not the shape of this call: the engine's one operation stays "the marginals
+    of these cliques over these columns' parts".
+    """
+    used = sorted({i for c in cliques for i in c})
+    if not used:
+        return f"SELECT 0 AS set, count(*) AS n FROM main.{quote_ident(table)}"
+    inner = ", ".join(f"{part_sql(columns[i][0], columns[i][1], columns[i][2])} AS p{i}"
+                      for i in used)
+    keys = ", ".join(f"p{i}" for i in used)
+    sets = ", ".join("(" + ", ".join(f"p{i}" for i in c) + ")" for c in cliques)
+    parts = ", ".join(f"coalesce(CAST(p{i} AS BIGINT), -1) AS p{i}" for i in used)
+    return (f"SELECT {parts}, CAST(GROUPING({keys}) AS BIGINT) AS set, "
+            f"CAST(count(*) AS BIGINT) AS n FROM (SELECT {inner} FROM main.{quote_ident(table)}) "
+            f"GROUP BY GROUPING SETS ({sets})")
+
+
+def marginals(con, table: str, columns, cliques) -> dict:
+    """Each clique's marginal (float64 array, axes in the clique's column order, every
+    declared part present, zeros included) by one DuckDB query. Called only by the kernel."""
+    cliques = list(dict.fromkeys(tuple(int(i) for i in c) for c in cliques))
+    sizes = [int(np.asarray(u).max()) + 1 for _, _, u in columns]
+    used = sorted({i for c in cliques for i in c})
+    sql = marginals_sql(table, columns, cliques)
+    with engine_errors("counting the marginals"):
+        got = con.execute(sql).fetchnumpy()
+    out = {}
+    for c in cliques:
+        T = np.zeros(tuple(sizes[i] for i in c), dtype=np.float64)
+        if used:
+            gid = sum(1 << (len(used) - 1 - k) for k, i in enumerate(used) if i not in c)
+            rows = np.flatnonzero(np.asarray(got["set"]) == gid)
+            idx = tuple(np.asarray(got[f"p{i}"])[rows].astype(np.int64) for i in c)
+            if any(v.size and (v.min() < 0 or v.max() >= sizes[i]) for v, i in zip(idx, c)):
+                raise EngineError("internal error: a row mapped outside the declared parts")
+            counts = np.asarray(got["n"])[rows].astype(np.float64)
+            if c:
+                T[idx] = counts
+            else:
+                T[()] = counts.sum()
+        else:
+            T[()] = float(np.asarray(got["n"]).sum()) if len(got["n"]) else 0.0
+        out[c] = T
+    return out

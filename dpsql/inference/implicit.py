@@ -141,24 +141,41 @@ def residual_block_answers(sizes, a: dict, y: dict, block: KronBlock,
 
     The block's rows are ``√w ⊗_i F_i``; on its used columns B they act on the marginal of
     x on B, so the answers are ``√w (⊗_{i∈B} F_i) Q_B x̂`` (ones rows elsewhere sum
-    exactly). With ``Cov(Q_B x̂) = σ² Σ_{A⊆B} (1/a_A) Π_{i∉B} n_i ⊗_{i∈B} P_{i,A}``
-    (``P_{i,A}`` = P1 if i ∈ A else P0), each answer's variance is
-    ``σ² w Σ_{A⊆B} (1/a_A) Π_{i∉B} n_i ⊗_{i∈B} diag(F_i P_{i,A} F_iᵀ)``: per-factor diagonals,
-    never the full product."""
+    exactly). Residuals with ``a_A = 0`` were not measured: the plan only leaves out those
+    every block annihilates (:func:`dpsql.strategies.residual.blocks_plan`), so they enter
+    as zeros and add no variance (:func:`residual_block_stderr`)."""
     sizes = tuple(int(n) for n in sizes)
     if block.sizes != sizes:
         raise ValueError(f"block sizes {block.sizes} differ from the plan's {sizes}")
     B = block.used
-    answers = block.answer(residual_answer(sizes, a, y, B))
-    outside = math.prod(n for i, n in enumerate(sizes) if i not in B)
-    variance = np.zeros(answers.size)
+    a_eff, y_eff = dict(a), dict(y)
     for A in _subsets(B):
+        if a.get(A, 0.0) <= 0 or A not in y:
+            a_eff[A] = 1.0
+            y_eff[A] = np.zeros(tuple(sizes[i] - 1 for i in A))
+    answers = block.answer(residual_answer(sizes, a_eff, y_eff, B))
+    return answers, residual_block_stderr(sizes, a, block, sigma)
+
+
+def residual_block_stderr(sizes, a: dict, block: KronBlock, sigma: float = 1.0) -> np.ndarray:
+    """Each answer's exact standard error under the residual measurements (no data).
+
+    With ``Cov(Q_B x̂) = σ² Σ_{A⊆B} (1/a_A) Π_{i∉B} n_i ⊗_{i∈B} P_{i,A}`` (``P_{i,A}`` = P1
+    if i ∈ A else P0), each answer's variance is
+    ``σ² w Σ_{A⊆B} (1/a_A) Π_{i∉B} n_i ⊗_{i∈B} diag(F_i P_{i,A} F_iᵀ)``: per-factor
+    diagonals, never the full product."""
+    sizes = tuple(int(n) for n in sizes)
+    B = block.used
+    outside = math.prod(n for i, n in enumerate(sizes) if i not in B)
+    variance = np.zeros(block.shape[0])
+    for A in _subsets(B):
+        if a.get(A, 0.0) <= 0:
+            continue
         term = np.full(1, outside / a[A])
         for i in B:
-            n, F = sizes[i], block.factors[i]
-            P = np.full((n, n), 1.0 / n)
-            if i in A:
-                P = np.eye(n) - P
-            term = np.kron(term, np.einsum("ij,jk,ik->i", F, P, F))
+            F = block.factors[i]
+            mean = F.sum(axis=1) / sizes[i]
+            ones = mean * mean * sizes[i]                       # diag(F P0 Fᵀ)
+            term = np.kron(term, np.einsum("ij,ij->i", F, F) - ones if i in A else ones)
         variance += term
-    return answers, float(sigma) * np.sqrt(block.weight * variance)
+    return float(sigma) * np.sqrt(block.weight * np.maximum(variance, 0.0))

@@ -20,8 +20,25 @@ from dpsql.release.support import _request_params
 
 def plan(ask: Ask, public: Public) -> Plan:
     """How the batch is answered and what it costs: :func:`dpsql.mechanisms.reuse.decide`
-    (strategy selection over the rows not answered free by past releases)."""
-    policy, queries, workload = public.compile(ask.sql)
+    (strategy selection over the rows not answered free by past releases), or, for a batch
+    compiled to Kronecker blocks, :class:`dpsql.release.implicit.ImplicitPlan`."""
+    from dpsql.release import implicit
+
+    policy, queries, workload = implicit.compile_for(ask, public)
+    if getattr(workload, "implicit", False):
+        structured = implicit.ImplicitPlan.of(ask, public, policy, queries, workload)
+        dense = implicit.dense_alternative(ask, public, policy, queries, workload)
+        if dense is None:
+            return structured
+        try:
+            other = _dense_plan(ask, public, policy, queries, dense)
+        except DpsqlError:         # over the planning limits, or no dense candidate fits
+            return structured
+        return implicit.better(structured, other)
+    return _dense_plan(ask, public, policy, queries, workload)
+
+
+def _dense_plan(ask: Ask, public: Public, policy, queries, workload) -> Plan:
     records = reuse_mod.load(public.con, policy, public.private) if ask.reuse else []
     objective, target = ask.objective if ask.objective is not None else ("rmse", None)
     d = reuse_mod.decide(public.con, policy, workload, records,

@@ -23,15 +23,18 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
 
-from dpsql.workload.domain import FALSE, TRUE, NotExpressible
+from dpsql.workload.domain import FALSE, TRUE
 from dpsql.errors import UnsupportedQueryError
 from dpsql.workload import limits as planning
-from dpsql.sql.parse import Atom, Const, Predicate, Query
+from dpsql.sql.conditions import (_atom_truth, _atoms, _columns, _combine, _key, _kleene,
+                                  _single_column_parts)
+from dpsql.sql.parse import Const, Predicate, Query
 
 #: the largest number of cells one batch may use (the product of the parts)
 MAX_CELLS = 4_000_000
@@ -84,101 +87,52 @@ class Workload:
         return self.W.shape[0]
 
 
-def _columns(pred: Predicate) -> frozenset:
-    if isinstance(pred, Const):
-        return frozenset()
-    if isinstance(pred, Atom):
-        return frozenset((pred.column,))
-    return frozenset().union(*(_columns(c) for c in pred.children))
+@dataclass(frozen=True)
+class Parts:
+    """Steps 1–2 of a batch: each used column's partition and the one-column conditions'
+    truth per unit (shared by the dense compile and :mod:`dpsql.sql.implicit`)."""
+
+    partitions: tuple          # ColumnPartition per used column, in policy column order
+    unit_truth: dict           # (one-column condition, under a NOT) -> truth per unit
+
+    @property
+    def shape(self) -> tuple:
+        return tuple(p.n_parts for p in self.partitions)
+
+    @property
+    def n_cells(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def index(self) -> dict:
+        return {p.column: i for i, p in enumerate(self.partitions)}
+
+    def part_truth(self, sub: Predicate, negated: bool = False) -> np.ndarray:
+        """Truth of a one-column condition on each part of its column (constant on a part)."""
+        c = next(iter(_columns(sub)))
+        p = self.partitions[self.index[c]]
+        first_units = np.array([u[0] for u in p.part_units])
+        return self.unit_truth[(sub, negated)][first_units]
 
 
-def _single_column_parts(pred: Predicate | None, negated: bool = False):
-    """Maximal sub-conditions that mention exactly one column, and whether a NOT is above.
-
-    Units only need to be told apart when such a sub-condition differs on them: e.g.
-    ``age BETWEEN 30 AND 39 OR age >= 60`` separates two kinds of ages, not four. With no
-    NOT above it, UNKNOWN and FALSE act alike (AND/OR in Kleene's strong logic: a result that
-    is TRUE with an UNKNOWN input is TRUE for either substitution), so only TRUE vs not-TRUE
-    needs to be kept.
-    """
-    if pred is None or isinstance(pred, Const):
-        return
-    cols = _columns(pred)
-    if len(cols) == 1:
-        yield next(iter(cols)), pred, negated
-        return
-    for child in pred.children:
-        yield from _single_column_parts(child, negated or pred.op == "not")
-
-
-def _kleene(pred: Predicate, atom_truth: dict) -> np.ndarray:
-    """Truth per unit of a one-column condition (atoms' unit vectors combined)."""
-    if isinstance(pred, Atom):
-        return atom_truth[_key(pred)]
-    if isinstance(pred, Const):
-        return np.int8(TRUE if pred.value else FALSE)
-    if pred.op == "not":
-        return (TRUE - _kleene(pred.children[0], atom_truth)).astype(np.int8)
-    return _combine(pred.op, [_kleene(c, atom_truth) for c in pred.children])
-
-
-def _combine(op: str, vals: list) -> np.ndarray:
-    """Kleene AND (min) / OR (max) over truth arrays (FALSE=0 < UNKNOWN=1 < TRUE=2)."""
-    out = vals[0]
-    for v in vals[1:]:
-        out = np.minimum(out, v) if op == "and" else np.maximum(out, v)
-    return out
-
-
-def _atoms(pred: Predicate | None):
-    if pred is None or isinstance(pred, Const):
-        return
-    if isinstance(pred, Atom):
-        yield pred
-        return
-    for child in pred.children:
-        yield from _atoms(child)
-
-
-def _key(atom: Atom) -> tuple:
-    """Atoms equal but for their position in the text share one truth vector."""
-    return (atom.column, atom.op, atom.value)
-
-
-def _atom_truth(atom: Atom, domain) -> np.ndarray:
-    """Truth of one atom on each unit of its column, or an error pointing at the atom."""
-    try:
-        if atom.op == "isnull":
-            return domain.is_null()
-        return domain.compare(atom.op, atom.value)
-    except NotExpressible as exc:
-        raise UnsupportedQueryError(
-            f"condition on column {atom.column!r} cannot be answered on its declared domain: "
-            f"{exc}", atom.line, atom.col) from None
-
-
-@planning.refuse_out_of_memory
-def compile_workload(queries: list[Query], policy) -> Workload:
-    """Build cells and ``W`` for a batch (all statements on ``policy``'s table)."""
+def _check_one_table(queries: list[Query]) -> None:
     tables = {q.table for q in queries}
     if len(tables) != 1:
         raise UnsupportedQueryError(
             f"a batch must query one protected table; this one queries {sorted(tables)} "
             "(submit one batch per table)")
-    # 1. per column: atoms, grouping, COUNT(col)
+
+
+def _conditions(queries: list[Query], policy) -> tuple[list, set, dict]:
+    """Step 1: the used columns (policy order), the grouped ones, and each one-column
+    sub-condition's truth per unit (Kleene; TRUE vs not-TRUE unless under a NOT)."""
     atom_truth: dict[tuple, np.ndarray] = {}
-    # one-column sub-conditions -> truth per unit; key (condition, under a NOT)
     unit_truth: dict[tuple, np.ndarray] = {}
-    used: list[str] = []
+    used: set[str] = set()
     grouped: set[str] = set()
-
-    def use(c: str) -> None:
-        if c not in used:
-            used.append(c)
-
     for q in queries:
         for a in _atoms(q.where):
-            use(a.column)
+            used.add(a.column)
             if _key(a) not in atom_truth:
                 atom_truth[_key(a)] = _atom_truth(a, policy.column(a.column))
         for c, sub, negated in _single_column_parts(q.where):
@@ -189,128 +143,181 @@ def compile_workload(queries: list[Query], policy) -> Workload:
                     truth = np.where(truth == TRUE, TRUE, FALSE).astype(np.int8)
                 unit_truth[(sub, negated)] = truth
         if q.count_column is not None:
-            use(q.count_column)
+            used.add(q.count_column)
         for gs in q.grouping_sets:
-            for c in gs:
-                use(c)
-                grouped.add(c)
-    used.sort(key=policy.column_names.index)
+            used.update(gs)
+            grouped.update(gs)
+    return sorted(used, key=policy.column_names.index), grouped, unit_truth
 
-    # 2. coarsest partition per column
+
+def _partition(c: str, dom, signature: list) -> ColumnPartition:
+    """Step 2 for one column: units with equal signatures merge into one part (parts
+    numbered in order of their first unit)."""
+    sig = np.stack(signature, axis=1) if signature else np.zeros((dom.n_units, 1))
+    _, first, inverse = np.unique(sig, axis=0, return_index=True, return_inverse=True)
+    planning.check_grouping(c, dom.n_units, len(first))
+    order = np.argsort(first, kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    unit_to_part = rank[inverse.reshape(-1)].astype(np.int64)
+    part_units = tuple(tuple(np.flatnonzero(unit_to_part == p).tolist())
+                       for p in range(len(order)))
+    unit_to_part.flags.writeable = False
+    return ColumnPartition(c, unit_to_part, len(order), part_units)
+
+
+def compile_parts(queries: list[Query], policy) -> Parts:
+    """Steps 1–2: the coarsest partition of every used column (no cells, no ``W``)."""
+    _check_one_table(queries)
+    used, grouped, unit_truth = _conditions(queries, policy)
     partitions = []
     for c in used:
         dom = policy.column(c)
-        columns = [t for (sub, _), t in unit_truth.items() if _columns(sub) == {c}]
+        signature = [t for (sub, _), t in unit_truth.items() if _columns(sub) == {c}]
         if any(q.count_column == c for q in queries):
-            columns.append(dom.is_null())
+            signature.append(dom.is_null())
         if c in grouped:
             gid = np.full(dom.n_units, -1, dtype=np.int64)
             gid[dom.group_units()] = np.arange(len(dom.group_units()))
-            columns.append(gid)
-        sig = np.stack(columns, axis=1) if columns else np.zeros((dom.n_units, 1))
-        _, first, inverse = np.unique(sig, axis=0, return_index=True, return_inverse=True)
-        # number parts in order of their first unit
-        planning.check_grouping(c, dom.n_units, len(first))
-        order = np.argsort(first, kind="stable")
-        rank = np.empty_like(order)
-        rank[order] = np.arange(len(order))
-        unit_to_part = rank[inverse.reshape(-1)].astype(np.int64)
-        part_units = tuple(tuple(np.flatnonzero(unit_to_part == p).tolist())
-                           for p in range(len(order)))
-        unit_to_part.flags.writeable = False
-        partitions.append(ColumnPartition(c, unit_to_part, len(order), part_units))
-    shape = tuple(p.n_parts for p in partitions)
-    n = int(np.prod(shape, dtype=np.int64)) if shape else 1
-    if n > MAX_CELLS:
-        raise UnsupportedQueryError(
-            f"this batch needs {n:,} cells (parts per column: "
-            + ", ".join(f"{p.column}={p.n_parts}" for p in partitions)
-            + f"), more than the limit of {MAX_CELLS:,}; split the batch or use fewer columns")
-    index = {p.column: i for i, p in enumerate(partitions)}
+            signature.append(gid)
+        partitions.append(_partition(c, dom, signature))
+    return Parts(tuple(partitions), unit_truth)
 
-    def broadcast(col: str, per_part: np.ndarray) -> np.ndarray:
-        shp = [1] * len(shape)
-        shp[index[col]] = shape[index[col]]
+
+def group_rows(policy, parts: Parts, gs: tuple) -> tuple[list, list]:
+    """Per column of a grouping set (in ``gs`` order): each part's group position (-1 when
+    the part is no group: implicit ``other``/NULL not returned), and the group keys."""
+    positions, keys = [], []
+    for c in gs:
+        dom = policy.column(c)
+        p = parts.partitions[parts.index[c]]
+        gunits = dom.group_units()
+        pos = np.full(p.n_parts, -1, dtype=np.int64)
+        for gpos, u in enumerate(gunits):
+            pos[p.unit_to_part[u]] = gpos
+        positions.append(pos)
+        keys.append([dom.group_key(u) for u in gunits])
+    return positions, keys
+
+
+def output_keys(q: Query, gs: tuple, per_col_keys: list) -> tuple[list, int]:
+    """The key tuples of one grouping set's rows (C order over ``gs``) and its grouping id."""
+    key_sources = tuple(s for s, _ in q.key_columns)
+    gid = sum(1 << (len(key_sources) - 1 - i) for i, s in enumerate(key_sources) if s not in gs)
+    keys = []
+    for combo in _product(per_col_keys):
+        value = dict(zip(gs, combo))
+        keys.append(tuple(value.get(s) for s in key_sources))
+    return keys, gid
+
+
+def make_output(q: Query, start: int, stop: int, keys: list, gids: list) -> Output:
+    return Output(q, start, stop, tuple(o for _, o in q.key_columns),
+                  tuple(s for s, _ in q.key_columns), tuple(keys),
+                  tuple(gids) if len(q.grouping_sets) > 1 else None)
+
+
+class _Cells:
+    """Truth of conditions on the dense cell product (C order over the used columns)."""
+
+    def __init__(self, parts: Parts):
+        self.parts, self.shape, self.index = parts, parts.shape, parts.index
+
+    def broadcast(self, col: str, per_part: np.ndarray) -> np.ndarray:
+        shp = [1] * len(self.shape)
+        shp[self.index[col]] = self.shape[self.index[col]]
         return per_part.reshape(shp)
 
-    def part_truth(sub: Predicate, negated: bool) -> np.ndarray:
-        c = next(iter(_columns(sub)))
-        p = partitions[index[c]]
-        first_units = np.array([u[0] for u in p.part_units])
-        return broadcast(c, unit_truth[(sub, negated)][first_units])
-
-    def evaluate(pred: Predicate | None, negated: bool = False) -> np.ndarray:
+    def evaluate(self, pred: Predicate | None, negated: bool = False) -> np.ndarray:
         """Truth per cell; one-column sub-conditions are constant on each part."""
+        shape = self.shape
         if pred is None:
             return np.full(shape, TRUE, dtype=np.int8)
         if isinstance(pred, Const):
             return np.full(shape, TRUE if pred.value else FALSE, dtype=np.int8)
         if len(_columns(pred)) == 1:
-            return np.broadcast_to(part_truth(pred, negated), shape)
+            c = next(iter(_columns(pred)))
+            return np.broadcast_to(self.broadcast(c, self.parts.part_truth(pred, negated)),
+                                   shape)
         if pred.op == "not":
-            return (TRUE - evaluate(pred.children[0], True)).astype(np.int8)
-        out = _combine(pred.op, [evaluate(ch, negated) for ch in pred.children])
+            return (TRUE - self.evaluate(pred.children[0], True)).astype(np.int8)
+        out = _combine(pred.op, [self.evaluate(ch, negated) for ch in pred.children])
         return np.broadcast_to(out, shape)
 
-    # 3. rows of W
-    rows_idx, cols_idx = [], []
-    outputs = []
-    m = 0
-    for q in queries:
-        mask = evaluate(q.where) == TRUE
+    def selected(self, q: Query, policy) -> np.ndarray:
+        """Indices of the cells a query counts (its WHERE, and COUNT(col) not NULL)."""
+        mask = self.evaluate(q.where) == TRUE
         if q.count_column is not None:
             dom = policy.column(q.count_column)
-            p = partitions[index[q.count_column]]
+            p = self.parts.partitions[self.index[q.count_column]]
             notnull = (TRUE - dom.is_null())[[u[0] for u in p.part_units]]
-            mask = mask & (broadcast(q.count_column, notnull) == TRUE)
-        mask = np.broadcast_to(mask, shape).reshape(-1)
-        selected = np.flatnonzero(mask)
-        key_sources = tuple(s for s, _ in q.key_columns)
-        keys: list = []
-        gids: list = []
-        start = m
-        for gs in q.grouping_sets:
-            group_index = np.zeros(shape, dtype=np.int64)
-            n_groups = 1
-            valid = np.ones(shape, dtype=bool)
-            per_col_groups = []
-            for c in gs:
-                dom = policy.column(c)
-                p = partitions[index[c]]
-                gunits = dom.group_units()
-                pos = np.full(p.n_parts, -1, dtype=np.int64)
-                for gpos, u in enumerate(gunits):
-                    pos[p.unit_to_part[u]] = gpos
-                b = broadcast(c, pos)
-                valid = valid & (b >= 0)
-                group_index = group_index * len(gunits) + np.maximum(b, 0)
-                n_groups *= len(gunits)
-                per_col_groups.append([dom.group_key(u) for u in gunits])
-            gi = np.broadcast_to(group_index, shape).reshape(-1)[selected]
-            ok = np.broadcast_to(valid, shape).reshape(-1)[selected]
-            rows_idx.append(m + gi[ok])
-            cols_idx.append(selected[ok])
-            # keys in row order (C order over the grouping set's columns)
-            gid = sum(1 << (len(key_sources) - 1 - i)
-                      for i, s in enumerate(key_sources) if s not in gs)
-            for combo in _product(per_col_groups):
-                value = dict(zip(gs, combo))
-                keys.append(tuple(value.get(s) for s in key_sources))
-                gids.append(gid)
-            m += n_groups
-        outputs.append(Output(q, start, m, tuple(o for _, o in q.key_columns), key_sources,
-                              tuple(keys), tuple(gids) if len(q.grouping_sets) > 1 else None))
+            mask = mask & (self.broadcast(q.count_column, notnull) == TRUE)
+        return np.flatnonzero(np.broadcast_to(mask, self.shape).reshape(-1))
+
+
+def _check_cells(parts: Parts) -> None:
+    if parts.n_cells > MAX_CELLS:
+        raise UnsupportedQueryError(
+            f"this batch needs {parts.n_cells:,} cells (parts per column: "
+            + ", ".join(f"{p.column}={p.n_parts}" for p in parts.partitions)
+            + f"), more than the limit of {MAX_CELLS:,}; split the batch or use fewer columns")
+
+
+def _query_rows(q: Query, policy, cells: _Cells, m: int):
+    """(row indices, cell indices, Output) of one statement's rows of ``W`` from row ``m``."""
+    shape = cells.shape
+    selected = cells.selected(q, policy)
+    rows, cols, keys, gids = [], [], [], []
+    start = m
+    for gs in q.grouping_sets:
+        positions, per_col_keys = group_rows(policy, cells.parts, gs)
+        group_index = np.zeros(shape, dtype=np.int64)
+        valid = np.ones(shape, dtype=bool)
+        for c, pos in zip(gs, positions):
+            b = cells.broadcast(c, pos)
+            valid = valid & (b >= 0)
+            group_index = group_index * len(per_col_keys[gs.index(c)]) + np.maximum(b, 0)
+        gi = np.broadcast_to(group_index, shape).reshape(-1)[selected]
+        ok = np.broadcast_to(valid, shape).reshape(-1)[selected]
+        rows.append(m + gi[ok])
+        cols.append(selected[ok])
+        set_keys, gid = output_keys(q, gs, per_col_keys)
+        keys += set_keys
+        gids += [gid] * len(set_keys)
+        m += len(set_keys)
+    return rows, cols, make_output(q, start, m, keys, gids)
+
+
+@planning.refuse_out_of_memory
+def compile_workload(queries: list[Query], policy) -> Workload:
+    """Build cells and ``W`` for a batch (all statements on ``policy``'s table): the dense
+    form, on the full product of the used columns' parts."""
+    parts = compile_parts(queries, policy)
+    return dense_workload(queries, policy, parts)
+
+
+def dense_workload(queries: list[Query], policy, parts: Parts) -> Workload:
+    """Step 3: ``W`` on the product of ``parts`` (refused above :data:`MAX_CELLS` cells)."""
+    _check_cells(parts)
+    cells = _Cells(parts)
+    rows_idx, cols_idx, outputs, m = [], [], [], 0
+    for q in queries:
+        rows, cols, out = _query_rows(q, policy, cells, m)
+        rows_idx += rows
+        cols_idx += cols
+        outputs.append(out)
+        m = out.stop
     rows = np.concatenate(rows_idx) if rows_idx else np.zeros(0, dtype=np.int64)
     cols = np.concatenate(cols_idx) if cols_idx else np.zeros(0, dtype=np.int64)
     if len(rows) > MAX_NONZEROS:
         raise UnsupportedQueryError(
             f"this batch's workload has {len(rows):,} non-zeros, more than the limit of "
             f"{MAX_NONZEROS:,}; split the batch")
-    W = sp.csr_matrix((np.ones(len(rows)), (rows, cols)), shape=(m, n))
+    W = sp.csr_matrix((np.ones(len(rows)), (rows, cols)), shape=(m, parts.n_cells))
     W.sum_duplicates()                       # canonical form (a no-op from COO)
     for a in (W.data, W.indices, W.indptr):
         a.flags.writeable = False
-    return Workload(policy.table, tuple(partitions), W, tuple(outputs))
+    return Workload(policy.table, parts.partitions, W, tuple(outputs))
 
 
 def workload_hash(W) -> str:

@@ -31,12 +31,13 @@ _entries: OrderedDict = OrderedDict()
 
 
 class _Entry:
-    __slots__ = ("queries", "workload", "w_hash")
+    __slots__ = ("queries", "workload", "w_hash", "implicit")
 
     def __init__(self, queries: tuple):
         self.queries = queries
         self.workload = None
         self.w_hash = None
+        self.implicit = None
 
 
 def batch_key(sql, policies) -> tuple | None:
@@ -75,12 +76,20 @@ def parsed(key, parse) -> list:
     return list(entry.queries)
 
 
-def compiled(key, queries: list, policy) -> Workload:
+def compiled(key, queries: list, policy, implicit: bool = False) -> Workload:
     """The compiled workload of a batch (``queries`` as :func:`parsed` returned them for
-    ``key``, on ``policy``'s table): remembered, or compiled now."""
+    ``key``, on ``policy``'s table): remembered, or compiled now. ``implicit``: as
+    :func:`dpsql.sql.implicit.compile_batch` compiles it (Kronecker blocks above its
+    threshold), for the matrix mechanism; else always the dense form."""
     entry = _get(key) if key is not None else None
+    if implicit:
+        return _compiled_batch(entry, queries, policy)
     if entry is None:
         return compile_workload(queries, policy)
+    return _dense_copy(entry, policy)
+
+
+def _dense_copy(entry, policy) -> Workload:
     if entry.workload is None:
         workload = compile_workload(list(entry.queries), policy)
         w_hash = workload_hash(workload.W)
@@ -96,3 +105,23 @@ def clear() -> None:
     """Forget every batch (tests)."""
     with _lock:
         _entries.clear()
+
+
+def _compiled_batch(entry, queries: list, policy):
+    """:func:`compiled` for the matrix mechanism: the dense form when the batch is small."""
+    from dpsql.sql.implicit import compile_batch
+
+    if entry is None:
+        return compile_batch(queries, policy)
+    if entry.implicit is None:
+        workload = compile_batch(list(entry.queries), policy)
+        dense = not getattr(workload, "implicit", False)
+        w_hash = workload_hash(workload.W) if dense else None
+        with _lock:
+            if entry.implicit is None:
+                entry.implicit = False if dense else workload
+            if dense and entry.workload is None:     # small: the dense form, remembered
+                entry.workload, entry.w_hash = workload, w_hash
+    if entry.implicit is False:
+        return _dense_copy(entry, policy)
+    return entry.implicit

@@ -283,3 +283,78 @@ def from_union(union: UnionWorkload, objective: str = "sum") -> ResidualPlan:
                                 "different cells; merge their GROUP BYs or split the batch")
         weights[B] = weights.get(B, 0.0) + block.weight
     return residual_plan(union.sizes, weights, returned, objective)
+
+
+def _block_traces(block, sizes) -> list:
+    """Per used column i of a block: ``(tr(F P0 Fᵀ), tr(F P1 Fᵀ))`` with ``P0 = 11ᵀ/n``."""
+    out = []
+    for i in block.used:
+        F = block.factors[i]
+        ones = float(np.square(F.sum(axis=1)).sum()) / sizes[i]
+        out.append((ones, max(float(np.square(F).sum()) - ones, 0.0)))
+    return out
+
+
+def blocks_plan(union: UnionWorkload) -> ResidualPlan:
+    """The residual plan minimising the exact total variance of any union of Kronecker blocks.
+
+    A block ``√w ⊗_i F_i`` on the clique B has total variance ``σ² Σ_{A⊆B} g_{b,A} / a_A``
+    with ``g_{b,A} = w Π_{i∉B} n_i Π_{i∈B} tr(F_i P_{i,A} F_iᵀ)`` (``P_{i,A}`` = P1 if
+    i ∈ A else P0; :func:`dpsql.inference.implicit.residual_block_answers`), so the sum over
+    blocks is ``Σ_A g_A / a_A`` and the closed form of :func:`residual_plan` minimises it
+    under ``Σ_A a_A m_A / N = 1``. For full marginals ``g_A = m_A v_A`` (the plan is then
+    svdb's); for ``[I | 0]`` factors it is the restricted objective; predicate rows and
+    ranges weigh each residual by what the block actually reads. An A with ``g_A = 0`` is not
+    measured (``a_A = 0``): every block over it annihilates that residual.
+    """
+    sizes = union.sizes
+    cliques = {b.used for b in union.blocks}
+    try:
+        every = closure(cliques)
+    except StrategyError as exc:
+        big = sorted(cliques, key=len, reverse=True)[:3]
+        raise StrategyError(
+            f"{exc}: the largest blocks read the columns "
+            + "; ".join(", ".join(union.columns[i] for i in B) for B in big)
+            + " — split the batch so that each request reads fewer columns together") \
+            from None
+    subsets = [A for A in every if multiplicity(sizes, A) > 0]
+    index = {A: j for j, A in enumerate(subsets)}
+    g = np.zeros(len(subsets))
+    N = math.prod(sizes)
+    for block in union.blocks:
+        B = block.used
+        outside = N // math.prod(sizes[i] for i in B)
+        traces = _block_traces(block, sizes)
+        for A in _subsets(B):
+            if A in index:
+                g[index[A]] += block.weight * outside * math.prod(
+                    t[1] if i in A else t[0] for i, t in zip(B, traces))
+    if not np.any(g > 0):
+        raise StrategyError("every answer of this batch is a constant; nothing to measure")
+    m = np.array([multiplicity(sizes, A) for A in subsets], dtype=float)
+    values = _sum_optimum(g, m, N)
+    values = values / (float(values @ m) / N)
+    a = {A: 1.0 for A in every}
+    a.update({A: float(v) for A, v in zip(subsets, values)})
+    weights = {B: 1.0 for B in cliques}
+    cells = {B: math.prod(sizes[i] for i in B) for B in cliques}
+    plan = ResidualPlan(sizes, weights, cells, a, "sum", None)
+    object.__setattr__(plan, "total_variance", float(np.sqrt(g * m).sum()) ** 2 / N)
+    return plan
+
+
+def as_marginal_plan(plan: ResidualPlan, name: str = "residual"):
+    """The plan's measurements as the kernel releases them (:mod:`dpsql.workload.marginals`):
+    for each measured A, ``√(a_A / Π_{i∉A} n_i) · ⊗_{i∈A} H_i`` on the marginal of A."""
+    from dpsql.workload import marginals
+
+    N = plan.N
+    out = []
+    for A, value in plan.a.items():
+        if multiplicity(plan.sizes, A) == 0 or value <= 0:
+            continue
+        outside = N // math.prod(plan.sizes[i] for i in A)
+        out.append(marginals.MarginalMeasurement(A, tuple(helmert(plan.sizes[i]) for i in A),
+                                                 math.sqrt(value / outside)))
+    return marginals.make(name, plan.sizes, out)

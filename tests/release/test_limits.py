@@ -25,6 +25,19 @@ CUBE = ("SELECT age, sex, race, income, hours_per_week, COUNT(*) FROM adult "
 WIDE = "SELECT age, race, sex, COUNT(*) FROM adult GROUP BY age, race, sex"
 
 
+@pytest.fixture(autouse=True)
+def dense_form(monkeypatch):
+    """These findings are about the dense form's limits. Batches over several columns above
+    ``DENSE_MAX_CELLS`` cells now compile to Kronecker blocks (issue 16: the CUBE is then
+    planned in milliseconds), so the dense form is forced here."""
+    from dpsql.sql import implicit, memo
+
+    monkeypatch.setattr(implicit, "DENSE_MAX_CELLS", 10 ** 12)
+    memo.clear()
+    yield
+    memo.clear()
+
+
 @pytest.fixture
 def db(tmp_path):
     session = make_adult_db(str(tmp_path / "adult.duckdb"), epsilon=10.0, delta=1e-3)
