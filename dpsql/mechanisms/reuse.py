@@ -247,6 +247,16 @@ class Pool:
         self._gram = None
         return len(self._terms) - 1
 
+    def trial(self, record: Record, W) -> Analysis:
+        """:meth:`analyse` with ``record`` added as the new measurement, then taken out
+        again (the accuracy-first search tries several noise scales)."""
+        term = self.add(record)
+        try:
+            return self.analyse(W)
+        finally:
+            del self._terms[term]
+            self._gram = None
+
     def set_y(self, term: int, y: np.ndarray) -> None:
         """The measured values of a planned term (the variances, hence the errors, are
         unchanged: they never depended on ``y``)."""
@@ -394,6 +404,7 @@ def decide(con, policy, workload, records, eps, dlt, strategy, calibration,
     from dataclasses import replace
 
     from dpsql.mechanisms import matrix as selection
+    from dpsql.mechanisms import tight
 
     def fresh(wl):
         if target is None:
@@ -423,7 +434,13 @@ def decide(con, policy, workload, records, eps, dlt, strategy, calibration,
                             reused_from=pool.release_ids)
         return Decision(expl, None, Fraction(0), pool, free)
     if free.any() or full is None:
-        cost, new = fresh(sub_workload(workload, ~free))
+        rest = sub_workload(workload, ~free)
+        cost, new = fresh(rest)
+        if target is not None:      # the smallest ε meeting the target *combined*
+            cost, new = tight.combined_epsilon(
+                pool, workload, new, cost, dlt, calibration, target, objective,
+                lambda e: selection.select(con, policy, rest, e, dlt, strategy,
+                                           calibration, objective))
     else:
         new = full
     best = next(c for c in new.candidates
