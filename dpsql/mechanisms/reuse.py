@@ -440,7 +440,10 @@ def decide(con, policy, workload, records, eps, dlt, strategy, calibration,
             cost, new = tight.combined_epsilon(
                 pool, workload, new, cost, dlt, calibration, target, objective,
                 lambda e: selection.select(con, policy, rest, e, dlt, strategy,
-                                           calibration, objective))
+                                           calibration, objective),
+                lambda c, scale: record_of(0, workload, c.plan.A,
+                                           np.zeros(c.plan.n_measurements), c.mechanism,
+                                           scale, limit=False))
     else:
         new = full
     best = next(c for c in new.candidates

@@ -26,38 +26,35 @@ TOLERANCE = 0.997
 _MAX_STEPS = 40
 
 
-def _combined(pool, workload, best, eps, dlt, calibration, objective: str) -> float:
+def _combined(pool, workload, best, record_for, eps, dlt, calibration,
+              objective: str) -> float:
     """The batch's combined error (``objective``) with the new measurement at ``eps``."""
     from dpsql.mechanisms.matrix import _metric, noise_scale
-    from dpsql.mechanisms.reuse import record_of
 
     scale, _ = noise_scale(best.mechanism, best.plan, eps, dlt, calibration)
-    rec = record_of(0, workload, best.plan.A, np.zeros(best.plan.n_measurements),
-                    best.mechanism, scale, limit=False)
-    variance = pool.trial(rec, workload.W).variance
+    variance = pool.trial(record_for(best, scale), workload.W).variance
     return _metric(np.sqrt(variance), objective)
 
 
 def combined_epsilon(pool, workload, new, eps, dlt, calibration, target: float,
-                     objective: str, reselect):
+                     objective: str, reselect, record_for):
     """``(ε, selection)``: the smallest ε (three significant digits, rounded up) at which the
     chosen strategy of ``new`` (the selection for the rows not free, at ``eps``, which meets
     ``target`` alone) meets ``target`` combined with ``pool``; ``reselect(ε)`` selects again
-    at the lower ε. Unchanged when the pool cannot take the new measurement, or when the
+    at the lower ε; ``record_for(candidate, scale)`` is the new measurement's record (the
+    pool's kind, :func:`dpsql.mechanisms.reuse.record_of`). Unchanged when the pool cannot take the new measurement, or when the
     selection at the lower ε picks another strategy (the standalone answer then stands)."""
     from dpsql.mechanisms.matrix import _round_up
-    from dpsql.mechanisms.reuse import record_of
     from dpsql.noise.accounting import MIN_EPSILON
 
     best = next(c for c in new.candidates
                 if c.strategy == new.strategy and c.mechanism == new.mechanism)
-    rec = record_of(0, workload, best.plan.A, np.zeros(best.plan.n_measurements),
-                    best.mechanism, best.sigma, limit=False)
-    if not pool.can_add(rec):
+    if not pool.can_add(record_for(best, best.sigma)):
         return eps, new
 
     def g(u: float) -> float:     # log(error / target), decreasing in u = log ε
-        err = _combined(pool, workload, best, _exact(u), dlt, calibration, objective)
+        err = _combined(pool, workload, best, record_for, _exact(u), dlt, calibration,
+                        objective)
         return math.log(err / target) if err > 0 else -math.inf
 
     hi = math.log(float(eps))
