@@ -58,7 +58,13 @@ def check_tight(db, report, history):
         assert lower.rmse > TARGET, (report.stem, history, e.epsilon, lower.rmse)
 
 
-@pytest.mark.parametrize("report", REPORTS, ids=lambda p: p.stem)
+#: the age report plans in seconds; the cube and the ranges select costly strategies (minutes
+#: of CPU each, twice: fresh and combined), so they run with the slow tests
+PLANNED = [pytest.param(r, marks=() if r.stem == "age_distribution" else pytest.mark.slow,
+                        id=r.stem) for r in REPORTS]
+
+
+@pytest.mark.parametrize("report", PLANNED)
 def test_expected_rmse_at_the_spent_epsilon_is_just_the_target(tmp_path, report):
     """Without past releases, then with the demo's release to combine with (a copy of the
     same file: the strategies selected are cached, only the combination is new)."""
