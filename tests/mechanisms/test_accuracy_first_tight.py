@@ -81,6 +81,11 @@ def test_expected_rmse_at_the_spent_epsilon_is_just_the_target(tmp_path, report)
         with pytest.raises(dpsql.DpsqlError, match=f"needs epsilon = {e.epsilon:g}"):
             db.answer(sql, delta=delta, strategy=strategy, target_rmse=TARGET)
         assert db.ledger() == before
+        # released at the target (combined), the same batch asked again is free: its RMSE
+        # from past releases meets the target even where one answer's error is above it
+        db.answer(sql, delta=delta, strategy=strategy, target_rmse=TARGET, confirm=True)
+        again = db.explain(sql, delta=delta, strategy=strategy, target_rmse=TARGET)
+        assert again.epsilon == 0 and again.strategy == "reuse" and again.rmse <= TARGET
 
 
 # ------------------------------------------------------------------ realised error
