@@ -339,3 +339,18 @@ def read_input_file(path: str, what: str) -> str:
         raise InputFileError(f"{what} {shown} is not UTF-8 text (invalid byte at offset "
                              f"{exc.start}); save it as UTF-8") from None
     return text[1:] if text.startswith("\ufeff") else text
+
+
+def check_database_path(path: str, create: bool, fix: str = "pass create=True to create "
+                        "a new database") -> None:
+    """A database named by the user must exist unless ``create`` (``:memory:`` always may):
+    a typo'd path would otherwise become a new, empty database. Missing or a directory is
+    an :class:`InputFileError` naming the path and ``fix``."""
+    if path == ":memory:" or path.startswith(":memory:"):
+        return
+    if os.path.isdir(path):
+        raise InputFileError(f"database {str(path)!r} is a directory; give the path of a "
+                             "DuckDB database file")
+    if not create and not os.path.exists(path):
+        raise InputFileError(f"database {str(path)!r} does not exist; check the path, or "
+                             f"{fix}")

@@ -365,7 +365,8 @@ FLAGS = tuple(s.name for s in SETTINGS.values() if s.kind == "flag")
 CONNECTION_SETTINGS: dict[str, Setting] = _declare(
     Setting("lock_timeout", "number", 30.0, "seconds to wait while another process holds "
             "the database file", ("cli", "shell", "dbapi"), _seconds, "30"),
-    Setting("create", "flag", True, "create the database file if it does not exist",
+    Setting("create", "flag", False, "create the database file if it does not exist "
+            "(default: refuse a path that does not exist)",
             ("dbapi",), _flag),
     Setting("max_memory", "number", planning.DEFAULT_MAX_MEMORY, "bytes one request's "
             "planning may use (default 4 GiB, or half the machine's memory if less): "

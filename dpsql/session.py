@@ -15,11 +15,12 @@ cancels a request in flight before its charge (:mod:`dpsql.cancel`).
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from typing import Sequence
 
 from dpsql import cancel
-from dpsql.errors import PolicyError, UnknownTableError
+from dpsql.errors import PolicyError, UnknownTableError, check_database_path
 from dpsql.kernel import Kernel
 from dpsql.policy.policy import TablePolicy, load_policy
 from dpsql.release import mechanism
@@ -31,7 +32,7 @@ from dpsql.sql.compile import Workload
 from dpsql.store import database as engine
 from dpsql.store import ledger
 from dpsql.store.results import Explanation, Release
-from dpsql.request import SETTINGS, Request
+from dpsql.request import CONNECTION_SETTINGS, SETTINGS, Request
 
 __all__ = ["InterruptedAfterRelease", "Session", "connect", "request_matches"]
 
@@ -225,6 +226,9 @@ class Session:
         return release_path.explain(Public(None, policies, self.kernel.private), ask)
 
 
-def connect(path: str = ":memory:", **kwargs) -> Session:
-    """Open a dpsql session on a DuckDB database file (created if missing)."""
+def connect(path: str = ":memory:", *, create: bool = False, **kwargs) -> Session:
+    """Open a dpsql session on a DuckDB database file. A path that does not exist is
+    refused (a typo would silently become a new, empty database) unless ``create=True``;
+    ``:memory:`` is always fine."""
+    check_database_path(os.fspath(path), CONNECTION_SETTINGS["create"].parse(create))
     return Session(path, **kwargs)

@@ -347,8 +347,7 @@ class Connection:
                                      for s in _SETTINGS})
         with _backend():
             own = {name: CONNECTION_SETTINGS[name].parse(v) for name, v in own.items()}
-            if not own["create"] and not os.path.exists(path):
-                raise dp.DpsqlError(f"database {path!r} does not exist (create=False)")
+            dp.check_database_path(path, own["create"])
         self._lock = threading.Lock()
         self._block = WorkloadBlock()      # BEGIN WORKLOAD ... COMMIT (dpsql.sql.marker)
         self._block_lock = threading.RLock()

@@ -247,6 +247,16 @@ class Pool:
         self._gram = None
         return len(self._terms) - 1
 
+    def trial(self, record: Record, W) -> Analysis:
+        """:meth:`analyse` with ``record`` added as the new measurement, then taken out
+        again (the accuracy-first search tries several noise scales)."""
+        term = self.add(record)
+        try:
+            return self.analyse(W)
+        finally:
+            del self._terms[term]
+            self._gram = None
+
     def set_y(self, term: int, y: np.ndarray) -> None:
         """The measured values of a planned term (the variances, hence the errors, are
         unchanged: they never depended on ``y``)."""
@@ -394,6 +404,7 @@ def decide(con, policy, workload, records, eps, dlt, strategy, calibration,
     from dataclasses import replace
 
     from dpsql.mechanisms import matrix as selection
+    from dpsql.mechanisms import tight
 
     def fresh(wl):
         if target is None:
@@ -414,6 +425,9 @@ def decide(con, policy, workload, records, eps, dlt, strategy, calibration,
         free = old.estimable & (se_old <= full.stderr * (1 + 1e-9))
     else:
         free = old.estimable & (se_old <= target)
+        if objective == "rmse" and old.estimable.all() and len(se_old) \
+                and math.sqrt(float(np.mean(old.variance))) <= target:
+            free[:] = True     # the RMSE target is the batch's: past releases meet it
     statements = tuple((o.query.index, o.start, o.stop) for o in workload.outputs)
     if free.all():
         rmse = float(np.sqrt(np.mean(old.variance))) if len(se_old) else 0.0
@@ -423,7 +437,16 @@ def decide(con, policy, workload, records, eps, dlt, strategy, calibration,
                             reused_from=pool.release_ids)
         return Decision(expl, None, Fraction(0), pool, free)
     if free.any() or full is None:
-        cost, new = fresh(sub_workload(workload, ~free))
+        rest = sub_workload(workload, ~free)
+        cost, new = fresh(rest)
+        if target is not None:      # the smallest ε meeting the target *combined*
+            cost, new = tight.combined_epsilon(
+                pool, workload, new, cost, dlt, calibration, target, objective,
+                lambda e: selection.select(con, policy, rest, e, dlt, strategy,
+                                           calibration, objective),
+                lambda c, scale: record_of(0, workload, c.plan.A,
+                                           np.zeros(c.plan.n_measurements), c.mechanism,
+                                           scale, limit=False))
     else:
         new = full
     best = next(c for c in new.candidates

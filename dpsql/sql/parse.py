@@ -26,6 +26,7 @@ import sqlglot
 from sqlglot import exp
 
 from dpsql.errors import ParseError, UnsupportedQueryError
+from dpsql.sql import hints
 
 # --------------------------------------------------------------------------- the IR
 
@@ -233,7 +234,9 @@ def _statement(index: int, stmt: exp.Expression, resolve_table) -> Query:
         replace = bool(stmt.args.get("replace"))
         select = stmt.args["expression"]
     if not isinstance(select, exp.Select):
-        raise _reject(f"{_construct_name(select)} statement", select, ALLOWED_SUMMARY)
+        kind = hints.statement_kind(select)
+        raise _reject(f"{_construct_name(select)} statement", select,
+                      hints.hint(kind) if kind else ALLOWED_SUMMARY)
     return _select(index, select, target, replace, stmt.sql(dialect="duckdb"), resolve_table)
 
 
@@ -245,7 +248,9 @@ def _select(index, select: exp.Select, target, replace, text, resolve_table) -> 
             node = value if isinstance(value, exp.Expression) else select
             if isinstance(value, list) and value and isinstance(value[0], exp.Expression):
                 node = value[0]
-            raise _reject(_CLAUSE_NAMES.get(key, key.upper()), node, ALLOWED_SUMMARY)
+            kind = hints.CLAUSE_KINDS.get(key)
+            raise _reject(_CLAUSE_NAMES.get(key, key.upper()), node,
+                          hints.hint(kind) if kind else ALLOWED_SUMMARY, at=select)
 
     # FROM: exactly one protected table, optionally aliased
     frm = select.args.get("from_") or select.args.get("from")
@@ -255,7 +260,7 @@ def _select(index, select: exp.Select, target, replace, text, resolve_table) -> 
     if not isinstance(table, exp.Table) or not isinstance(table.this, exp.Identifier):
         inner = table.this if isinstance(table, exp.Table) else table
         raise _reject(f"reading from {_construct_name(inner)}", inner,
-                      "queries read one protected table by name")
+                      hints.hint("one_table"))
     if table.args.get("catalog") or (table.args.get("db") and table.db.lower() != "main"):
         raise _reject(f"table {table.sql()!r} outside the main schema", table,
                       "only protected tables can be queried")
@@ -315,10 +320,14 @@ def _select(index, select: exp.Select, target, replace, text, resolve_table) -> 
             select_keys.append((column_name(node), (out_name or node.name).lower()))
         elif isinstance(node, exp.Func):
             fname = node.name if isinstance(node, exp.Anonymous) else node.sql_name()
-            raise _reject(f"function {fname}()", node,
+            kind = "aggregate" if isinstance(node, exp.AggFunc) else None
+            raise _reject(f"function {fname}()", node, hints.hint(kind) if kind else
                           "the only aggregate is COUNT(*) or COUNT(column)", at=item)
         else:
-            raise _reject(f"select item {node.sql()!r}", node, ALLOWED_SUMMARY)
+            kind = hints.select_item_kind(node)
+            what = {"window": "window function", "count_form": "COUNT(...) FILTER"}.get(
+                kind, f"select item {node.sql()!r}")
+            raise _reject(what, node, hints.hint(kind) if kind else ALLOWED_SUMMARY)
     if counts != 1:
         raise _reject("a SELECT without exactly one COUNT" if counts == 0 else
                       "more than one COUNT in a SELECT", select,
@@ -482,7 +491,8 @@ def _predicate(node: exp.Expression, column_name) -> Predicate:
         if isinstance(right, exp.Column) and not isinstance(left, exp.Column):
             return Atom(column_name(right), _FLIP[op], _literal(left, node), line, col)
         raise _reject(f"comparison {node.sql()!r}", node,
-                      "compare one column with one literal constant")
+                      "compare one column with one literal constant; "
+                      + hints.hint("conditions"))
     if isinstance(node, exp.Between):
         if _is_set(node.args.get("symmetric")) or not isinstance(node.this, exp.Column):
             raise _reject(f"BETWEEN form {node.sql()!r}", node)
@@ -492,7 +502,8 @@ def _predicate(node: exp.Expression, column_name) -> Predicate:
     if isinstance(node, exp.In):
         if any(_is_set(node.args.get(k)) for k in ("query", "unnest", "field")):
             raise _reject("IN with a subquery or list expression", node,
-                          "list literal constants: col IN ('a', 'b')")
+                          "list literal constants: col IN ('a', 'b'); "
+                          + hints.hint("one_table"))
         if not isinstance(node.this, exp.Column) or not node.expressions:
             raise _reject(f"IN form {node.sql()!r}", node)
         if len(node.expressions) > MAX_IN_LIST:
@@ -512,4 +523,5 @@ def _predicate(node: exp.Expression, column_name) -> Predicate:
                       "compare it with a constant")
     raise _reject(_construct_name(node) if not isinstance(node, exp.Func)
                   else f"function {node.sql()!r}", node,
-                  "WHERE allows =, <>, <, <=, >, >=, BETWEEN, IN, IS NULL, AND, OR, NOT")
+                  hints.hint("one_table") if isinstance(node, (exp.Exists, exp.Subquery))
+                  else hints.hint("conditions"))

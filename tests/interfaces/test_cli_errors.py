@@ -10,6 +10,7 @@ script, without a Python start-up per case); a few cases run as real processes t
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import sys
 import pytest
 
 import dpsql
-from dpsql.errors import ERROR_TABLE
+from dpsql.errors import ERROR_TABLE, exit_statuses_text
 from dpsql.interfaces import cli
 
 from ..conftest import ROOT, make_adult_db
@@ -43,8 +44,10 @@ def f(tmp_path_factory):
     make_adult_db(db, epsilon=100.0, delta=1e-3).close()
     raw = str(tmp / "raw.duckdb")
     make_adult_db(raw, protect=False).close()
+    small = str(tmp / "small.duckdb")       # a budget of epsilon = 1: 2 exhausts it
+    make_adult_db(small, epsilon=1.0, delta=1e-5).close()
     shutil.copyfile(raw, tmp / "raw_bom.duckdb")
-    files = {"db": db, "raw": raw, "raw_bom": str(tmp / "raw_bom.duckdb"), "dir": str(tmp),
+    files = {"db": db, "raw": raw, "small": small, "raw_bom": str(tmp / "raw_bom.duckdb"), "dir": str(tmp),
              "missing": str(tmp / "no-such-file"), "demo_new": str(tmp / "no" / "dir" / "d.db")}
 
     def put(name, data: bytes):
@@ -68,6 +71,12 @@ def f(tmp_path_factory):
     put("bom_meta.sql", b"\xef\xbb\xbf\\budget\n")
     put("people.sql", b"SELECT COUNT(*) FROM people;\n")
     put("good.sql", Q.encode())
+    put("syntax.sql", b"SELEC COUNT(*) FROM adult;\n")
+    put("sum.sql", b"SELECT SUM(age) FROM adult;\n")
+    put("join.sql", b"SELECT COUNT(*) FROM adult JOIN adult b ON adult.age = b.age;\n")
+    put("column.sql", b"SELECT COUNT(*) FROM adult WHERE salary > 3;\n")
+    put("set.sql", b"SET dpsql.epsilon = 'lots';\nSELECT COUNT(*) FROM adult;\n")
+    put("empty.sql", b"-- nothing here\n")
     return files
 
 
@@ -117,7 +126,58 @@ CASES = [
     (["shell", "{db}", *EPS, "--frob", "-e", Q], 64),
     # an unknown table
     (["shell", "{db}", *EPS, "-e", "SELECT COUNT(*) FROM people;"], 65),
+    # bad SQL, unsupported SQL, an undeclared column, a bad SET, no statement: each for run,
+    # explain and the shell
+    *[(argv, 65) for bad in ("{syntax_sql}", "{sum_sql}", "{join_sql}", "{column_sql}",
+                             "{set_sql}", "{empty_sql}")
+      for argv in (["run", "{db}", bad, *EPS], ["explain", "{db}", bad, *EPS])],
+    *[(["shell", "{db}", *EPS, "-e", sql], 65)
+      for sql in ("SELEC COUNT(*) FROM adult;", "SELECT AVG(age) FROM adult;",
+                  "SELECT sex, COUNT(*) FROM adult GROUP BY sex ORDER BY 2;",
+                  "SELECT COUNT(*) FROM adult WHERE salary > 3;")],
+    # budget exhausted (77): more than the table's epsilon of 1
+    (["run", "{small}", "{good_sql}", "--epsilon", "2", "--delta", "1e-6"], 77),
+    (["explain", "{small}", "{good_sql}", "--epsilon", "2", "--delta", "1e-6"], 77),
+    (["shell", "{small}", "--epsilon", "2", "--delta", "1e-6", "--confirm-share", "1",
+      "-e", Q], 77),
+    # settings of the connection, and outputs
+    (["run", "{db}", "{good_sql}", *EPS, "--max-memory", "lots"], 65),
+    (["explain", "{db}", "{good_sql}", *EPS, "--time-limit", "-1"], 65),
+    (["run", "{db}", "{good_sql}", *EPS, "--csv", "{good_sql}"], 64),
+    (["run", "{db}", "{good_sql}", *EPS, "--json", "--quiet"], 64),
+    # bad flags, for every subcommand
+    (["demo", "--frob"], 64), (["protect", "{raw}", "{bom_toml}", "--frob"], 64),
+    (["explain", "{db}", "{good_sql}", "--frob"], 64), (["ledger", "{db}", "--frob"], 64),
+    (["run", "{db}", "{good_sql}", "--frob"], 64), (["run", "{db}", "{good_sql}", "--epsilon"], 64),
+    (["--frob"], 64),
 ]
+
+
+def test_the_docs_table_is_the_error_table():
+    """docs/scripts.md's exit-status table says what ERROR_TABLE says, class by class (and
+    ``dpsql --help`` prints its section from the table itself)."""
+    docs = (ROOT / "docs" / "scripts.md").read_text(encoding="utf-8")
+    rows = {}
+    for line in docs.splitlines():
+        m = re.match(r"^\| (\d+) \| `(\w+)`[^|]*\| (\w{5})\b[^|]*\| `(\w+)`", line)
+        if m:
+            rows[m.group(2)] = (int(m.group(1)), m.group(3), m.group(4))
+    assert rows == {cls.__name__: (row.exit_status, row.sqlstate, row.dbapi)
+                    for cls, row in ERROR_TABLE.items()}
+    helptext = cli.build_parser().format_help()
+    assert exit_statuses_text() in helptext
+
+
+def test_every_subcommand_has_bad_input_cases():
+    """Systematic: each subcommand ``dpsql --help`` lists is fed a bad flag, a missing or
+    unreadable database and (where it reads one) a bad file."""
+    sub = next(a for a in cli.build_parser()._actions if a.dest == "command")
+    commands = set(sub.choices)
+    assert commands >= {"demo", "protect", "run", "explain", "shell", "budget", "ledger"}
+    refused = {argv[0] for argv, status in CASES if argv and status}
+    assert commands <= refused, commands - refused
+    flags = {argv[0] for argv, status in CASES if status == 64 and "--frob" in argv}
+    assert commands <= flags, commands - flags
 
 
 def _ids(case):

@@ -4,6 +4,7 @@ snippets of docs/scripts.md."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import stat
@@ -108,7 +109,12 @@ def test_docs_snippets_run(tmp_path):
     # the refused edit in the walkthrough was really refused, the new edition released
     ledger = dpsql("ledger", tmp_path / "census.duckdb").stdout
     assert "weekly_seniors" in ledger
-    assert (tmp_path / "weekly.csv").read_text().startswith("release,table,")
+    # --csv DIR: one file per result table, one header each; --json: one document
+    files = sorted((tmp_path / "weekly").glob("*.csv"))
+    assert files and all(f.read_text().startswith("release,") for f in files)
+    assert all(f.read_text().count("release,") == 1 for f in files)
+    doc = json.loads((tmp_path / "weekly.json").read_text())
+    assert doc["workloads"] and all(w["tables"] for w in doc["workloads"])
 
 
 def test_readme_interface_examples_run(tmp_path):

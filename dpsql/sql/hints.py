@@ -1,0 +1,75 @@
+"""What to write instead: the hint of every refusal of a construct outside the allow-list.
+
+A refusal names the construct (``function sum()``, ``JOIN``, ``ORDER BY`` ...), says what
+dpsql answers instead and points to the section of ``docs/sql.md`` that explains why
+(issue 18 item 7). :mod:`dpsql.sql.parse` picks the hint; the words live here, one row per
+kind of construct, so every interface (CLI, shell, scripts, DB-API) says the same.
+"""
+
+from __future__ import annotations
+
+from sqlglot import exp
+
+DOC = "docs/sql.md"
+
+#: kind -> (what to write instead, section of docs/sql.md)
+HINTS: dict[str, tuple[str, str]] = {
+    "aggregate": (
+        "SUM, AVG, MIN, MAX and quantiles are coming in the SQL-surface work; until then "
+        "the only aggregate is COUNT(*) or COUNT(column): count per declared bin (GROUP BY "
+        "the column, or WHERE ranges on its declared edges) for a histogram", "aggregates"),
+    "count_form": (
+        "count rows with COUNT(*) or COUNT(column)", "aggregates"),
+    "one_table": (
+        "queries read one protected table by name; join or combine the result tables "
+        "afterwards in DuckDB (they are plain tables)", "one-table-per-query"),
+    "union": (
+        "write each SELECT as its own statement, separated by `;`: a batch is answered "
+        "as one workload", "one-table-per-query"),
+    "window": (
+        "ask for the counts per group with GROUP BY, ROLLUP or CUBE and compute running "
+        "totals or ranks from the result table", "groups-and-ordering"),
+    "filter_groups": (
+        "every declared group is returned, zeros included (which groups exist is public, "
+        "a filter on noisy counts is not); filter the result table afterwards, e.g. "
+        "SELECT * FROM result WHERE count > 100", "groups-and-ordering"),
+    "order": (
+        "every declared group is returned; order or limit the result table afterwards, "
+        "e.g. CREATE TABLE r AS SELECT ...; then SELECT * FROM r ORDER BY count DESC "
+        "LIMIT 10", "groups-and-ordering"),
+    "conditions": (
+        "WHERE allows =, <>, <, <=, >, >=, BETWEEN, IN, IS NULL, AND, OR, NOT on declared "
+        "columns and constants", "conditions"),
+    "distinct": (
+        "GROUP BY the columns lists every declared group with its count",
+        "groups-and-ordering"),
+}
+
+#: clause keys of a sqlglot SELECT -> hint kind
+CLAUSE_KINDS = {
+    "joins": "one_table", "laterals": "one_table", "with_": "one_table", "with": "one_table",
+    "having": "filter_groups", "qualify": "filter_groups", "windows": "window",
+    "order": "order", "limit": "order", "offset": "order", "distinct": "distinct",
+}
+
+
+def hint(kind: str) -> str:
+    """``what to write instead (see docs/sql.md#section)``."""
+    instead, section = HINTS[kind]
+    return f"{instead} (see {DOC}#{section})"
+
+
+def select_item_kind(node: exp.Expression) -> str | None:
+    """The hint kind of a select item other than COUNT or a column, if it has one."""
+    if isinstance(node, exp.Window):
+        return "window"
+    if isinstance(node, (exp.AggFunc, exp.WithinGroup)):
+        return "aggregate"
+    if isinstance(node, exp.Filter):
+        return "count_form"
+    return None
+
+
+def statement_kind(node: exp.Expression) -> str | None:
+    """The hint kind of a statement that is not a SELECT (UNION, INTERSECT, EXCEPT)."""
+    return "union" if isinstance(node, exp.SetOperation) else None
