@@ -183,7 +183,7 @@ def restricted_optimum(union: UnionWorkload, tol: float = 1e-6,
     """Bounds on the optimum of a GROUP BY workload with excluded parts (see above).
 
     L-BFGS-B ascends the concave form ``Φ(w) = 2 h(w) − Σ_c w_c`` over the pattern weights
-    (as :class:`dpsql.strategies.gaussian.optimal._Factored` does on cells), then the
+    (as :class:`dpsql.strategies.gaussian.dual.FactoredForm` does on cells), then the
     multiplicative fixed point ``w_p <- w_p x_p`` tightens the primal. Every evaluation's
     ``h²`` at normalised weights is a valid lower bound; the upper bound is feasible."""
     dual = _InvariantDual(union)
