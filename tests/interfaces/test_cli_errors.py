@@ -150,6 +150,10 @@ CASES = [
     (["explain", "{db}", "{good_sql}", "--frob"], 64), (["ledger", "{db}", "--frob"], 64),
     (["run", "{db}", "{good_sql}", "--frob"], 64), (["run", "{db}", "{good_sql}", "--epsilon"], 64),
     (["--frob"], 64),
+    # the server and its users file (a refusal before anything listens)
+    (["serve", "{db}", "--frob"], 64), (["user", "add", "{missing}", "alice", "--frob"], 64),
+    (["user", "frob", "{missing}", "alice"], 64), (["serve", "{missing}"], 66),
+    (["serve", "{dir}"], 66), (["serve", "{db}", "--users", "{missing}"], 66),
 ]
 
 

@@ -61,6 +61,7 @@ def created_tables(report) -> list[str]:
             if isinstance(st.expr, exp.Create)]
 
 
+@pytest.mark.slow   # ~40 s: every sql/ report on a fresh demo database (the suite stays near 12 min)
 def test_every_report_runs_on_one_fresh_demo_database(demo_db):
     for report in REPORTS:
         out = dpsql("run", demo_db, report)

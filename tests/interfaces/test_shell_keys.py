@@ -126,6 +126,7 @@ def default_bindings() -> list[str]:
     return seen
 
 
+@pytest.mark.slow   # 277 key sequences in a pseudo-terminal; Ctrl-R/Ctrl-G stay in the default run
 def test_every_default_key_binding_leaves_the_prompt_working(adult, tmp_path):
     sequences = default_bindings()
     assert len(sequences) > 50 and "\x07" in sequences and "\x12" in sequences

@@ -378,8 +378,13 @@ PURE = "pure"
 KNOWN_CALLS = {
     ("dpsql/release/path.py", "answer"): {
         "ledger.find_named": PURE, "named.recorded_answer": PURE,
-        "mechanism": "planned", "mechanism(ask)": "planned", "check_targets": PURE,
-        "result_names": PURE, "_charge": PURE, "_check_budget": PURE,
+        "mechanism": "planned", "mechanism(ask)": "planned", "cancel.check": PURE,
+        "locked": PURE, "contextlib.nullcontext": PURE, "_locked_release": PURE},
+    # the locked section (planning runs without the database lock, issue 22 item 2)
+    ("dpsql/release/path.py", "_locked_release"): {
+        "ledger.find_named": PURE, "named.recorded_answer": PURE, "check_unchanged": PURE,
+        "check_targets": PURE, "result_names": PURE, "_charge": PURE, "_check_budget": PURE,
+        "cancel.check": PURE, "cancel.committed": PURE,
         "_completed_on_interrupt": PURE, "_interrupts_deferred": PURE, "KernelHandle": PURE,
         "plan.measure": "charged", "handle.receipt": "measured", "plan.infer": "inferred",
         "write": "committed", "done.append": PURE, "InterruptedAfterRelease": PURE},

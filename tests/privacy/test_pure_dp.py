@@ -45,6 +45,7 @@ def _check(errors, expected_rmse, scale=1.0):
     return abs(float(np.sqrt(np.mean((scale * errors) ** 2))) / expected_rmse - 1) <= 0.15
 
 
+@pytest.mark.slow   # ~18 s of repeated releases; test_laplace_scale_is_the_l1_sensitivity_over_epsilon keeps a power check in the default run
 def test_laplace_releases_match_their_reported_error_and_intervals(tmp_path):
     """Secure sampler, 150 releases of 10 answers: RMSE within 15% and 95% intervals cover.
 

@@ -255,7 +255,11 @@ class Handler(socketserver.StreamRequestHandler):
             pass
 
 
-class _Refused(dp.DpsqlError):
+class _Refused(Exception):
+    """A statement's refusal carried out of the extended-protocol handlers to
+    :meth:`_extended`, which sends it (control flow, not an error class of its own: the
+    Failure already holds the error table's SQLSTATE)."""
+
     def __init__(self, failure: Failure):
         super().__init__(failure.message)
         self.failure = failure
