@@ -2,8 +2,11 @@
 
 For each route (matrix Gaussian, matrix Laplace, answers free from reuse, accuracy first,
 MWEM, d_X Laplace, d_X MWEM, d_X SmallDB (the d_X exponential mechanism), a batch of three
-result tables) and each step boundary of ``dpsql/release/path.py`` and the kernel (after the
-plan, before the charge, after the charge's commit, after the data vector, after the first
+result tables, and the implicit path of issue 16 — a batch over a product above
+``DENSE_MAX_CELLS`` compiled to Kronecker blocks and measured through the cliques' marginals,
+with the Gaussian ``residual`` plan and the Laplace ``marginals`` plan) and each step
+boundary of ``dpsql/release/path.py`` and the kernel (after the plan, before the charge,
+after the charge's commit, after the data vector or the marginals are read, after the first
 noise draw, after the kernel returns, after inference, between result-table writes, before
 and after ``mark_released``, after the measurements are stored, after the results' commit),
 a child process runs the release and
@@ -15,18 +18,24 @@ a child process runs the release and
 
 Then, after reopening the database as a new process would (:func:`check_invariant`): every
 ``released`` entry has all its result tables with all their rows and, for the matrix routes,
-its stored measurements; a ``charged``-only entry has none of them and exists only after a
-fault at or after the charge (never after a pre-charge fault, never after a Ctrl-C, which
-completes the release); no table is orphaned; the budget read back equals the exact sum of
-the ledger. After a kill before the charge, after it, just before the results' commit and
-after it, a new process retries the same request: it is a normal release charged once more
-(docs/threat-model.md D11: an unnamed retry is paid again; free only from released
-measurements, the reuse route), and the totals read back exactly.
+its stored measurements (the implicit path stores none); a ``charged``-only entry has none
+of them and exists only after a fault at or after the charge (never after a pre-charge
+fault, never after a Ctrl-C, which completes the release); no table is orphaned; the budget
+read back equals the exact sum of the ledger. After a kill before the charge, after it, just
+before the results' commit and after it, a new process retries the same request: it is a
+normal release charged once more (docs/threat-model.md D11: an unnamed retry is paid again;
+free only from released measurements, the reuse route), and the totals read back exactly.
+On the implicit routes a kill is injected at every point, the raised interrupt and Ctrl-C
+only from the charge to the inference (:data:`KERNEL_SECTION`, their own code) and the
+retry follows only the kill after the charge: planning's cancel, the write step and the
+retry are the shared path's code, covered by the dense routes (keeps the file fast).
 
 Faults are injected by patching module attributes in a child forked from one driver process
 (``python -c``, dpsql imported once); the library has no hooks for it. The step boundaries are
 enumerated from the code: :func:`test_every_call_of_the_path_is_a_known_step` fails when a
-call is added to the path or the kernel's release methods without being classified here, and
+call is added to the path, or to the kernel's release methods and the kernel functions they
+reach (the implicit section ``release_marginals`` and its helpers), without being classified
+here, and
 :func:`test_an_unfaulted_release_reaches_every_declared_point` fails when a route no longer
 reaches the points declared for it.
 """
@@ -53,6 +62,15 @@ TWO = SEX + "; SELECT COUNT(*) FROM adult WHERE age BETWEEN 20 AND 30"
 THREE = ("CREATE TABLE weekly_sex AS SELECT sex, COUNT(*) FROM adult GROUP BY sex;\n"
          "SELECT race, COUNT(*) FROM adult WHERE age < 40 GROUP BY race;\n"
          "CREATE TABLE weekly_total AS SELECT COUNT(*) FROM adult WHERE income = '>50K'")
+#: batches over a product of parts above ``DENSE_MAX_CELLS`` (age 74 × sex × race × income:
+#: 1,480 > 1,024), compiled to Kronecker blocks and measured through marginals (issue 16):
+#: all six 2-way GROUP BYs plan the Gaussian ``residual`` strategy at δ > 0; two disjoint
+#: 2-way GROUP BYs plan Laplace on each clique's marginal (``marginals``) at δ = 0
+PAIRS = ";\n".join(f"SELECT {a}, {b}, COUNT(*) FROM adult GROUP BY {a}, {b}" for a, b in
+                   [("age", "sex"), ("age", "race"), ("age", "income"), ("sex", "race"),
+                    ("sex", "income"), ("race", "income")])
+SPLIT = ("SELECT age, race, COUNT(*) FROM adult GROUP BY age, race;\n"
+         "SELECT sex, income, COUNT(*) FROM adult GROUP BY sex, income")
 METRIC = {"epsilon": 50, "columns": {"age": {"weight": 0.1}, "sex": {"different": 1}}}
 ROWS = 400
 
@@ -69,7 +87,11 @@ ROUTES = {
     "dx_smalldb": (dict(sql=SEX, epsilon=1, delta=0, model="metric",
                         strategy="dx_smalldb(size=4)"), False),
     "batch3": (dict(sql=THREE, epsilon=0.25, delta=1e-6, strategy="workload"), True),
+    "implicit_residual": (dict(sql=PAIRS, epsilon=0.5, delta=1e-6), False),
+    "implicit_marginals": (dict(sql=SPLIT, epsilon=0.5, delta=0), False),
 }
+#: the implicit routes and the strategy each must plan (checked by the unfaulted run)
+IMPLICIT = {"implicit_residual": "residual", "implicit_marginals": "marginals"}
 
 #: step boundaries, in path order: (name, target, before/after the call, which call,
 #: the ledger state a kill there leaves: none / charged / released)
@@ -78,6 +100,7 @@ POINTS = [
     ("before_charge", "dpsql.store.ledger:charge", "before", 1, "none"),
     ("charged", "dpsql.store.ledger:charge", "after", 1, "charged"),
     ("data_vector", "dpsql.engines.duckdb:data_vector", "after", 1, "charged"),
+    ("marginals", "dpsql.engines.duckdb:marginals", "after", 1, "charged"),
     ("noise", "sampler", "after", 1, "charged"),
     ("measured", "dpsql.release.path:KernelHandle.receipt", "after", 1, "charged"),
     ("inferred", "dpsql.release.path:write_results", "before", 1, "charged"),
@@ -98,11 +121,19 @@ RETRIED = {"planned", "charged", "after_mark", "committed"}
 #: kill and the raised interrupt cover every point
 SIGNALLED = {"planned", "before_charge", "charged", "noise", "inferred", "table_1",
              "after_mark", "committed"}
+#: on the implicit routes, where the raised interrupt and Ctrl-C are injected and a kill is
+#: retried: their own code, from the charge in ``release_marginals`` to the inference (the
+#: rest is the shared path's, covered by the dense routes; a kill still hits every point)
+KERNEL_SECTION = {"charged", "marginals", "noise", "measured", "inferred"}
+IMPLICIT_RETRIED = {"charged"}
 _NOT = {"reuse": {"data_vector", "noise", "table_2", "measurements"},
-        "dx_smalldb": {"table_2", "measurements"}}
+        "dx_smalldb": {"table_2", "measurements"},
+        **{r: {"data_vector"} for r in IMPLICIT}}
+#: the points only some routes reach: the implicit routes read marginals, not x
+_ONLY = {"marginals": set(IMPLICIT)}
 #: the points each route reaches (checked against an unfaulted run)
 REACHED = {r: [p[0] for p in POINTS
-               if p[0] not in _NOT.get(r, set())
+               if p[0] not in _NOT.get(r, set()) and r in _ONLY.get(p[0], {r})
                and (p[0] != "measurements" or ROUTES[r][1])] for r in ROUTES}
 
 # ------------------------------------------------------------------ the child's side
@@ -187,7 +218,8 @@ def run_job(job: dict) -> dict:
         install(db, job["points"], job["mode"], seen)
         try:
             release = db.answer(sql, **request)
-            return {"outcome": "returned", "release_id": release.release_id, "seen": seen}
+            return {"outcome": "returned", "release_id": release.release_id, "seen": seen,
+                    "strategy": release.strategy}
         except BaseException as exc:  # noqa: BLE001 - reported to the test
             return {"outcome": type(exc).__name__, "message": str(exc)[:300], "seen": seen}
 
@@ -318,8 +350,8 @@ def check_invariant(path: str) -> dict:
     con = duckdb.connect(path)                       # replays the WAL like any restart
     try:
         rows = con.execute("SELECT release_id, status, epsilon_exact, metric_epsilon_exact, "
-                           "result_tables, mechanism FROM dpsql.ledger ORDER BY release_id"
-                           ).fetchall()
+                           "result_tables, mechanism, strategy FROM dpsql.ledger "
+                           "ORDER BY release_id").fetchall()
         linked = con.execute("SELECT release_id, table_name, n_rows FROM "
                              "dpsql.release_tables").fetchall()
         stored = {r[0] for r in con.execute("SELECT release_id FROM dpsql.measurements").fetchall()}
@@ -335,12 +367,13 @@ def check_invariant(path: str) -> dict:
         linked_by.setdefault(release_id, []).append(table)
         assert status.get(release_id) == "released", (release_id, status)
         assert counts.get(table) == n_rows, (table, counts.get(table), n_rows)
-    for release_id, st, _, _, names, mechanism in rows:
+    for release_id, st, _, _, names, mechanism, strategy in rows:
         assert st in ("charged", "released"), st
         if st == "released":          # every table, every row; the matrix's measurements
-            assert sorted(linked_by.get(release_id, [])) == sorted(names)
-            assert (release_id in stored) == (mechanism in ("gaussian", "laplace")), \
-                (release_id, mechanism)
+            assert sorted(linked_by.get(release_id, [])) == sorted(names)   # (not the
+            dense = strategy not in IMPLICIT.values()     # implicit path's: not stored)
+            assert (release_id in stored) == (mechanism in ("gaussian", "laplace") and dense), \
+                (release_id, mechanism, strategy)
         else:                         # nothing of it
             assert release_id not in linked_by and release_id not in stored
     assert tables <= {t for ts in linked_by.values() for t in ts}, "an orphan table"
@@ -396,9 +429,21 @@ KNOWN_CALLS = {
     ("dpsql/release/path.py", "publish"): {"write_results": "committed", "make": PURE,
                                            "list": PURE},
 }
+#: the kernel's calls that charge, read data or draw noise (in its release methods and in
+#: every function of dpsql/kernel.py they reach, :func:`_kernel_calls`)
 _KERNEL = {"ledger.charge": "charged", "_data_vector": "data_vector",
+           "engine.data_vector": "data_vector", "engine.marginals": "marginals",
            "self.sampler.sample": "noise", "self.sampler.laplace": "noise",
+           "kernel.sampler.sample": "noise", "kernel.sampler.laplace": "noise",
            "algorithm": "noise", "plan.measure": PURE, "oracle.close": PURE}
+#: what touches the ledger, the data or the sampler (``ledger.Charge`` is the charge's type)
+_TOUCHING = ("ledger.", "engine.", "self.sampler", "kernel.sampler", "_data_vector",
+             "algorithm", "con.")
+#: the kernel's release entry points: each charges and reads data exactly where a point is
+_ENTRIES = {("Kernel", "release"): "_data_vector", ("Kernel", "release_per_query"): "_data_vector",
+            ("Kernel", "release_adaptive"): "_data_vector",
+            ("Kernel", "release_adaptive_metric"): "_data_vector",
+            (None, "release_marginals"): "engine.marginals"}
 
 
 def _calls(source: str, function: str, cls: str | None = None) -> set:
@@ -407,6 +452,29 @@ def _calls(source: str, function: str, cls: str | None = None) -> set:
                                           and n.name == cls)
     fn = next(n for n in ast.walk(scope) if isinstance(n, ast.FunctionDef) and n.name == function)
     return {ast.unparse(n.func) for n in ast.walk(fn) if isinstance(n, ast.Call)}
+
+
+def _kernel_calls(source: str, function: str, cls: str | None) -> dict:
+    """The calls of ``function`` and of every function of the kernel module it reaches (a
+    module-level function called by name, a ``Kernel`` method called on ``self``), by
+    caller: ``{"Kernel.release": {...}, "release_marginals": {...}, ...}``."""
+    tree = ast.parse(source)
+    functions = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    methods = {n.name for c in tree.body if isinstance(c, ast.ClassDef) and c.name == "Kernel"
+               for n in c.body if isinstance(n, ast.FunctionDef)}
+    out, todo = {}, [(cls, function)]
+    while todo:
+        owner, name = todo.pop()
+        key = f"{owner}.{name}" if owner else name
+        if key in out:
+            continue
+        out[key] = found = _calls(source, name, owner)
+        for call in found:
+            if call in functions:
+                todo.append((None, call))
+            elif call.startswith("self.") and call[5:] in methods and owner == "Kernel":
+                todo.append(("Kernel", call[5:]))
+    return out
 
 
 def test_every_call_of_the_path_is_a_known_step():
@@ -422,19 +490,26 @@ def test_every_call_of_the_path_is_a_known_step():
                                      f"{sorted(set(known) - found)}")
         assert {v for v in known.values() if v != PURE} <= names
     kernel = (ROOT / "dpsql/kernel.py").read_text()
-    for method in ("release", "release_per_query", "release_adaptive",
-                   "release_adaptive_metric"):
-        found = _calls(kernel, method, "Kernel")
-        touching = {c for c in found if c.startswith(("ledger.", "engine.", "self.sampler",
-                                                      "_data_vector", "algorithm",
-                                                      "con."))}
-        assert touching <= set(_KERNEL), f"Kernel.{method}: unclassified {touching - set(_KERNEL)}"
-        assert "ledger.charge" in found and "_data_vector" in found
+    reached = set()
+    for (cls, method), reads in _ENTRIES.items():
+        by_caller = _kernel_calls(kernel, method, cls)
+        reached |= set(by_caller)
+        for caller, found in by_caller.items():
+            touching = {c for c in found if c.startswith(_TOUCHING)}
+            assert touching <= set(_KERNEL), \
+                f"{caller} (from {method}): unclassified {sorted(touching - set(_KERNEL))}"
+        found = by_caller[f"{cls}.{method}" if cls else method]
+        assert "ledger.charge" in found and reads in found, (method, sorted(found))
+    # the implicit section is reached from Kernel.release, with its helpers
+    assert {"release_marginals", "_measure_marginal", "_checked_laplace",
+            "_checked_gaussian", "_data_vector"} <= reached, sorted(reached)
+    assert {v for v in _KERNEL.values() if v != PURE} <= names
 
 
 def test_an_unfaulted_release_reaches_every_declared_point(driver, templates, scratch):
     """Passing: each route, run without a fault, releases and reaches exactly its declared
-    points in path order; together the routes reach every point."""
+    points in path order (the implicit routes with the strategy they are for); together
+    the routes reach every point."""
     reached = set()
     for route in ROUTES:
         path = _fresh(templates, route, scratch, "probe")
@@ -442,6 +517,8 @@ def test_an_unfaulted_release_reaches_every_declared_point(driver, templates, sc
         done = driver.run(path, route, [p[0] for p in POINTS], "record")
         assert done["outcome"] == "returned", (route, done)
         assert done["seen"] == REACHED[route], route
+        if route in IMPLICIT:         # still the implicit plan, not a dense fallback
+            assert done["strategy"] == IMPLICIT[route], (route, done)
         new = _new(before, check_invariant(path))
         assert [s for s, _, _ in new.values()] == ["released"], (route, new)
         reached |= set(done["seen"])
@@ -475,11 +552,14 @@ def test_fault_at_every_step_boundary(driver, templates, scratch, route, mode):
     the ledger gained nothing (fault before the charge, or a Ctrl-C while planning), one
     ``charged`` entry (kill or raised interrupt at or after the charge, before the results'
     commit) or one ``released`` entry (after the commit, or any Ctrl-C once the release
-    started), at the route's cost. After a kill (at the points of ``RETRIED``), a new
-    process retries the same request: released, charged once more at the same cost (the
-    reuse route: free), totals exact."""
+    started), at the route's cost. After a kill (at the points of ``RETRIED``; on the
+    implicit routes ``IMPLICIT_RETRIED``, and the other modes only in ``KERNEL_SECTION``),
+    a new process retries the same request: released, charged once more at the same cost
+    (the reuse route: free), totals exact."""
     for point in REACHED[route]:
         if mode == "sigint" and point not in SIGNALLED:
+            continue
+        if mode != "kill" and route in IMPLICIT and point not in KERNEL_SECTION:
             continue
         path = _fresh(templates, route, scratch, f"{mode}-{point}")
         try:
@@ -500,7 +580,7 @@ def _fault_and_retry(driver, path, route, mode, point, before) -> None:
     cost = _cost(route)
     if cost is not None:
         assert all((e, m) == cost for _, e, m in new.values()), (route, point, new, cost)
-    if mode != "kill" or point not in RETRIED:
+    if mode != "kill" or point not in (IMPLICIT_RETRIED if route in IMPLICIT else RETRIED):
         return
     retry = driver.run(path, route)
     assert retry["outcome"] == "returned", (route, point, retry)
@@ -516,13 +596,14 @@ def _fault_and_retry(driver, path, route, mode, point, before) -> None:
 def test_the_invariant_check_catches_broken_ledgers(templates, scratch):
     """The check itself can fail: a released entry missing a table, a charged entry with
     linked tables, an orphan table and a released matrix release without its stored
-    measurements are each refused."""
+    measurements are each refused, and so is an implicit release relabelled as a dense
+    one (the exemption from stored measurements is the implicit strategies' only)."""
     import dpsql
 
-    def broken(sql):
-        path = _fresh(templates, "batch3", scratch, "broken")
+    def broken(sql, route="batch3"):
+        path = _fresh(templates, route, scratch, "broken")
         with dpsql.connect(path, reuse=False) as db:
-            request = dict(ROUTES["batch3"][0])
+            request = dict(ROUTES[route][0])
             db.answer(request.pop("sql"), **request)
         con = duckdb.connect(path)
         con.execute(sql)
@@ -535,3 +616,6 @@ def test_the_invariant_check_catches_broken_ledgers(templates, scratch):
                 "DELETE FROM dpsql.measurements"):
         with pytest.raises(AssertionError):
             check_invariant(broken(sql))
+    with pytest.raises(AssertionError):
+        check_invariant(broken("UPDATE dpsql.ledger SET strategy = 'identity' "
+                               "WHERE strategy = 'marginals'", "implicit_marginals"))
