@@ -87,7 +87,6 @@ def consistency_effect(releases: int) -> None:
     import numpy as np
 
     import dpsql
-    from dpsql.store import database as engine
     from dpsql.engines import duckdb as data_engine
     from dpsql.noise.samplers import SeededTestSampler
     from dpsql.sql.compile import compile_workload

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import datetime
 import math
-import shutil
 import subprocess
 import sys
 import threading
@@ -37,21 +36,6 @@ METRIC = {"epsilon": 2, "columns": {"age": {"weight": 0.1}, "sex": {"different":
 AGE_RANGES = ("SELECT COUNT(*) FROM adult WHERE age <= ?; "
               "SELECT COUNT(*) FROM adult WHERE age BETWEEN ? AND ?; "
               "SELECT COUNT(*) FROM adult WHERE age >= ?")
-
-
-@pytest.fixture
-def path(adult_template, tmp_path):
-    p = str(tmp_path / "adult.duckdb")
-    shutil.copyfile(adult_template, p)
-    return p
-
-
-@pytest.fixture
-def conn(path):
-    c = dbapi.connect(path, epsilon=0.1, delta=1e-8)
-    yield c
-    if not c.closed:
-        c.close()
 
 
 def ledger(conn) -> list[dict]:

@@ -10,7 +10,7 @@ import pytest
 from dpsql.interfaces import dbapi
 
 from ..conftest import snapshot
-from .test_dbapi import RACES, conn, ledger, path  # noqa: F401 (shared fixtures)
+from .test_dbapi import RACES, ledger
 
 
 def test_accuracy_first_spends_only_when_confirmed(path):
