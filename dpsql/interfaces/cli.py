@@ -10,8 +10,8 @@
                             [--release NAME] [--replace] [--dry-run]
                             [--csv [DIR] | --json | --quiet]
     dpsql explain DB SCRIPT.sql [same options]      (= run --dry-run)
-    dpsql budget DB [--lock-timeout SECONDS]
-    dpsql ledger DB [--lock-timeout SECONDS]
+    dpsql budget DB [--json] [--lock-timeout SECONDS]
+    dpsql ledger DB [--json] [--lock-timeout SECONDS]
     dpsql serve DB [--port 5433] [--users USERS.toml]     (docs/server.md)
     dpsql user add|passwd|remove USERS.toml NAME
 
@@ -34,10 +34,10 @@ import sys
 from dpsql.errors import (DpsqlError, RequestCancelled, Terminated,
                           check_database_path)
 from dpsql.interfaces.exits import Parser, epilog, guarded, lock_notice, read_script
-from dpsql.interfaces.output import ScriptOutput, budget_table, csv_directory
+from dpsql.interfaces.output import (ScriptOutput, budget_json, budget_table, csv_directory,
+                                     ledger_json, ledger_table)
 from dpsql.request import CONNECTION_SETTINGS, given, settings_for
 from dpsql.workload import limits as planning
-from dpsql.store.results import format_table
 
 
 def _privacy_args(p: argparse.ArgumentParser) -> None:
@@ -101,6 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
         b = sub.add_parser(name, help=helptext)
         b.add_argument("db")
         _connection_args(b, OPENING)
+        b.add_argument("--json", action="store_true",
+                       help=f"one JSON document on stdout (for jobs): the {name}, exact "
+                            "budgets as fractions next to floats")
     sh = sub.add_parser("shell", help="interactive shell (dpsql shell DB --help)",
                         add_help=False)
     sh.add_argument("argv", nargs=argparse.REMAINDER)
@@ -200,21 +203,13 @@ def _dispatch(args) -> int:
         return 0
     if args.command in ("run", "explain"):
         return _script(args, dry_run=args.command == "explain" or args.dry_run)
-    if args.command == "budget":
+    if args.command in ("budget", "ledger"):
         _require_db(args.db)
         with _open(args) as db:
-            print(budget_table(db.budget()))
-        return 0
-    if args.command == "ledger":
-        _require_db(args.db)
-        with _open(args) as db:
-            rows = db.ledger()
-        cols = ("release_id", "release_name", "created_at", "table_name", "epsilon", "delta",
-                "mechanism", "strategy", "n_queries", "result_tables", "private", "status")
-        if any(r.get("metric_epsilon") is not None for r in rows):
-            cols = cols[:6] + ("metric_epsilon",) + cols[6:]
-        print(format_table(cols, [tuple(str(r[c]) if c in ("created_at", "result_tables")
-                                        else r[c] for c in cols) for r in rows]))
+            read = db.budget() if args.command == "budget" else db.ledger()
+        show = {"budget": (budget_json, budget_table),
+                "ledger": (ledger_json, ledger_table)}[args.command]
+        print(show[0](read) if args.json else show[1](read))
         return 0
     raise DpsqlError(f"unknown command {args.command!r}")
 

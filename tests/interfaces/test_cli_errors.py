@@ -241,7 +241,7 @@ def test_messages_name_the_problem_and_the_fix(f, capsys):
 
 # a real lock: another process holds the database file; every subcommand that opens it
 # gives up after --lock-timeout with the lock's row of the error table
-LOCKED = [["budget", "{locked}"], ["ledger", "{locked}"],
+LOCKED = [["budget", "{locked}"], ["ledger", "{locked}", "--json"],
           ["protect", "{locked}", "{bom_toml}"], ["run", "{locked}", "{good_sql}", *EPS],
           ["explain", "{locked}", "{good_sql}", *EPS], ["shell", "{locked}", *EPS, "-e", Q]]
 
