@@ -364,7 +364,8 @@ FLAGS = tuple(s.name for s in SETTINGS.values() if s.kind == "flag")
 #: settings of a connection, not of a request
 CONNECTION_SETTINGS: dict[str, Setting] = _declare(
     Setting("lock_timeout", "number", 30.0, "seconds to wait while another process holds "
-            "the database file", ("cli", "shell", "dbapi"), _seconds, "30"),
+            "the database file", ("cli", "shell", "dbapi"), _seconds, "30",
+            metavar="SECONDS"),
     Setting("create", "flag", False, "create the database file if it does not exist "
             "(default: refuse a path that does not exist)",
             ("dbapi",), _flag),

@@ -3,15 +3,15 @@
     dpsql --version
     dpsql demo [--db PATH]
     dpsql shell DB [-e SQL] [-f FILE] [--csv] [--epsilon E] [--delta D]
-    dpsql protect DB POLICY.toml [--table T] [--replace]
+    dpsql protect DB POLICY.toml [--table T] [--replace] [--lock-timeout SECONDS]
     dpsql run DB SCRIPT.sql [--epsilon E | --target-rmse R | --max-stderr S] [--delta D]
                             [--strategy S] [--calibration C] [--model dp|metric]
                             [--confirm] [--nonnegative] [--integer] [--no-reuse]
                             [--release NAME] [--replace] [--dry-run]
                             [--csv [DIR] | --json | --quiet]
     dpsql explain DB SCRIPT.sql [same options]      (= run --dry-run)
-    dpsql budget DB
-    dpsql ledger DB
+    dpsql budget DB [--json] [--lock-timeout SECONDS]
+    dpsql ledger DB [--json] [--lock-timeout SECONDS]
     dpsql serve DB [--port 5433] [--users USERS.toml]     (docs/server.md)
     dpsql user add|passwd|remove USERS.toml NAME
 
@@ -34,18 +34,41 @@ import sys
 from dpsql.errors import (DpsqlError, RequestCancelled, Terminated,
                           check_database_path)
 from dpsql.interfaces.exits import Parser, epilog, guarded, lock_notice, read_script
-from dpsql.interfaces.output import ScriptOutput, budget_table, csv_directory
+from dpsql.interfaces.output import (ScriptOutput, budget_json, budget_table, csv_directory,
+                                     ledger_json, ledger_table)
 from dpsql.request import CONNECTION_SETTINGS, given, settings_for
 from dpsql.workload import limits as planning
-from dpsql.store.results import format_table
 
 
 def _privacy_args(p: argparse.ArgumentParser) -> None:
     """One option per setting the declaration exposes to the command line
     (:data:`dpsql.request.SETTINGS`); values are parsed after argparse, with the declared
     parsers, so a bad one is one line on stderr like every other refusal."""
-    for setting in settings_for("cli") + settings_for("cli", CONNECTION_SETTINGS):
+    for setting in settings_for("cli"):
         p.add_argument(setting.flag, **setting.argparse_options())
+    _connection_args(p)
+
+
+#: the connection settings of a subcommand that only opens the database (no planning)
+OPENING = ("lock_timeout",)
+
+
+def _connection_args(p: argparse.ArgumentParser, names: tuple | None = None) -> None:
+    """The connection settings the declaration exposes to the command line
+    (:data:`dpsql.request.CONNECTION_SETTINGS`; only ``names`` when given)."""
+    for setting in settings_for("cli", CONNECTION_SETTINGS):
+        if names is None or setting.name in names:
+            p.add_argument(setting.flag, **setting.argparse_options())
+
+
+def _open(args):
+    """The session on ``args.db``: while another process holds the file, a countdown on
+    stderr, and :class:`~dpsql.errors.LockTimeoutError` after ``--lock-timeout``."""
+    from dpsql.session import connect
+
+    lock = given(args, "cli", CONNECTION_SETTINGS).get(
+        "lock_timeout", CONNECTION_SETTINGS["lock_timeout"].default)
+    return connect(args.db, lock_timeout=lock, on_lock_wait=lock_notice())
 
 
 def _defaults(args) -> dict:
@@ -70,7 +93,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("policy")
     p.add_argument("--table", help="protect only this table of the policy")
     p.add_argument("--replace", action="store_true", help="replace an existing policy")
+    _connection_args(p, OPENING)
 
+    _script_commands(sub)
+    for name, helptext in (("budget", "spent and remaining budget per protected table"),
+                           ("ledger", "every release charged to the database")):
+        b = sub.add_parser(name, help=helptext)
+        b.add_argument("db")
+        _connection_args(b, OPENING)
+        b.add_argument("--json", action="store_true",
+                       help=f"one JSON document on stdout (for jobs): the {name}, exact "
+                            "budgets as fractions next to floats")
+    sh = sub.add_parser("shell", help="interactive shell (dpsql shell DB --help)",
+                        add_help=False)
+    sh.add_argument("argv", nargs=argparse.REMAINDER)
+    from dpsql.interfaces.server import cli as server_cli   # serve, user: docs/server.md
+    server_cli.add_subcommands(sub)
+    return parser
+
+
+def _script_commands(sub) -> None:
+    """``run`` and ``explain``: a script, the settings the declaration exposes, outputs."""
     for name, helptext in (("run", "answer a SQL reporting script, workload by workload "
                                    "(spends budget)"),
                            ("explain", "expected errors of a script's workloads (run "
@@ -98,17 +141,6 @@ def build_parser() -> argparse.ArgumentParser:
                               "and the budget left")
         out.add_argument("--quiet", action="store_true",
                          help="print only a one-line summary per workload")
-
-    b = sub.add_parser("budget", help="spent and remaining budget per protected table")
-    b.add_argument("db")
-    sh = sub.add_parser("shell", help="interactive shell (dpsql shell DB --help)",
-                        add_help=False)
-    sh.add_argument("argv", nargs=argparse.REMAINDER)
-    lg = sub.add_parser("ledger", help="every release charged to the database")
-    lg.add_argument("db")
-    from dpsql.interfaces.server import cli as server_cli   # serve, user: docs/server.md
-    server_cli.add_subcommands(sub)
-    return parser
 
 
 def version_text() -> str:
@@ -145,8 +177,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(args) -> int:
-    from dpsql.session import connect
-
     if args.command == "shell":
         from dpsql.interfaces import shell
 
@@ -165,7 +195,7 @@ def _dispatch(args) -> int:
         _require_db(args.db)
         declared = load_policy(args.policy)     # the whole file checked before any write
         tables = [args.table] if args.table else list(declared)
-        with connect(args.db, on_lock_wait=lock_notice()) as db:
+        with _open(args) as db:
             for t in tables:
                 tp = db.protect(t, args.policy, replace=args.replace)
                 print(f"protected {tp.table}: epsilon={float(tp.epsilon):g} "
@@ -173,21 +203,13 @@ def _dispatch(args) -> int:
         return 0
     if args.command in ("run", "explain"):
         return _script(args, dry_run=args.command == "explain" or args.dry_run)
-    if args.command == "budget":
+    if args.command in ("budget", "ledger"):
         _require_db(args.db)
-        with connect(args.db, on_lock_wait=lock_notice()) as db:
-            print(budget_table(db.budget()))
-        return 0
-    if args.command == "ledger":
-        _require_db(args.db)
-        with connect(args.db, on_lock_wait=lock_notice()) as db:
-            rows = db.ledger()
-        cols = ("release_id", "release_name", "created_at", "table_name", "epsilon", "delta",
-                "mechanism", "strategy", "n_queries", "result_tables", "private", "status")
-        if any(r.get("metric_epsilon") is not None for r in rows):
-            cols = cols[:6] + ("metric_epsilon",) + cols[6:]
-        print(format_table(cols, [tuple(str(r[c]) if c in ("created_at", "result_tables")
-                                        else r[c] for c in cols) for r in rows]))
+        with _open(args) as db:
+            read = db.budget() if args.command == "budget" else db.ledger()
+        show = {"budget": (budget_json, budget_table),
+                "ledger": (ledger_json, ledger_table)}[args.command]
+        print(show[0](read) if args.json else show[1](read))
         return 0
     raise DpsqlError(f"unknown command {args.command!r}")
 
@@ -195,7 +217,6 @@ def _dispatch(args) -> int:
 def _script(args, *, dry_run: bool) -> int:
     """``run`` / ``explain``: check the whole script, then release it workload by workload."""
     from dpsql.interfaces.scripts import check_script, parse_script, run_script
-    from dpsql.session import connect
 
     _require_db(args.db)
     if args.csv not in (None, "-"):
@@ -204,9 +225,8 @@ def _script(args, *, dry_run: bool) -> int:
     script = parse_script(read_script(args.script), **defaults)
     out = ScriptOutput(args, len(script.workloads))
     limits = given(args, "cli", CONNECTION_SETTINGS)     # max_memory, time_limit, lock_timeout
-    lock = limits.pop("lock_timeout", CONNECTION_SETTINGS["lock_timeout"].default)
-    with connect(args.db, lock_timeout=lock, on_lock_wait=lock_notice()) as db, \
-            planning.applied(**limits):
+    limits.pop("lock_timeout", None)                     # _open's
+    with _open(args) as db, planning.applied(**limits):
         try:        # plans every workload (the long part): a cancel here charged nothing
             plan = check_script(db, script, replace=args.replace)
         except KeyboardInterrupt as exc:

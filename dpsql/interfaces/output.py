@@ -229,15 +229,19 @@ class ScriptOutput:
     def finish(self, db, tables, *, dry_run: bool) -> None:
         """After the last workload: the budget left (text), or the whole JSON document."""
         if self.json:
-            from dpsql import __version__
-
-            self.doc = {"dpsql": __version__, "dry_run": dry_run, **self.doc,
-                        "budget": {t: _budget_json(db.budget(t)) for t in sorted(tables)}}
-            json.dump(self.doc, sys.stdout, indent=1, allow_nan=False)
-            print()
+            print(json_document(dry_run=dry_run, **self.doc,
+                                budget=_budgets_json({t: db.budget(t) for t in tables})))
         elif not (dry_run or self.quiet or self.stream is not None):
             print()
             print(budget_table({t: db.budget(t) for t in sorted(tables)}, title="budget"))
+
+
+def json_document(**parts) -> str:
+    """One JSON document for jobs (``run``/``explain``/``budget``/``ledger`` ``--json``):
+    ``{"dpsql": version, **parts}``; NaN is refused (:func:`_number` makes it null)."""
+    from dpsql import __version__
+
+    return json.dumps({"dpsql": __version__, **parts}, indent=1, allow_nan=False)
 
 
 def _budget_json(budget: dict) -> dict:
@@ -245,6 +249,54 @@ def _budget_json(budget: dict) -> dict:
     rest (the accounting route) as is."""
     return {k: v if isinstance(v, str) or v is None else _exact(v)
             for k, v in budget.items()}
+
+
+def _budgets_json(budgets: dict) -> dict:
+    return {t: _budget_json(b) for t, b in sorted(budgets.items())}
+
+
+def budget_json(budgets: dict) -> str:
+    """``dpsql budget --json``: every table's budget as ``run --json`` gives it after a run."""
+    return json_document(budget=_budgets_json(budgets))
+
+
+LEDGER_COLUMNS = ("release_id", "release_name", "created_at", "table_name", "epsilon", "delta",
+                  "mechanism", "strategy", "n_queries", "result_tables", "private", "status")
+#: the ledger's exact charges (num/den text), shown in JSON as {"value", "exact"}
+_EXACT = {"epsilon": "epsilon_exact", "delta": "delta_exact",
+          "metric_epsilon": "metric_epsilon_exact"}
+
+
+def ledger_table(rows: list) -> str:
+    """``dpsql ledger``: a row per release (``metric_epsilon`` when one is metric)."""
+    cols = LEDGER_COLUMNS
+    if any(r.get("metric_epsilon") is not None for r in rows):
+        cols = cols[:6] + ("metric_epsilon",) + cols[6:]
+    return format_table(cols, [tuple(str(r[c]) if c in ("created_at", "result_tables")
+                                     else r[c] for c in cols) for r in rows])
+
+
+def _entry_json(row: dict) -> dict:
+    """A ledger row: the charges exact (``{"value", "exact"}``, null when none), the time
+    in ISO 8601, the recorded request as an object, NaN as null."""
+    out = {}
+    for key, value in row.items():
+        if key in _EXACT.values():
+            continue
+        if key in _EXACT:
+            exact = row.get(_EXACT[key])
+            value = None if exact is None else _exact(Fraction(exact))
+        elif key == "created_at" and value is not None:
+            value = value.isoformat()
+        elif key == "request" and value is not None:
+            value = json.loads(value)
+        out[key] = _number(value)
+    return out
+
+
+def ledger_json(rows: list) -> str:
+    """``dpsql ledger --json``: every release charged, oldest first."""
+    return json_document(ledger=[_entry_json(r) for r in rows])
 
 
 def _blank(value):

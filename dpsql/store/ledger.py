@@ -44,7 +44,8 @@ from dpsql.policy.policy import TablePolicy
 LEDGER_COLUMNS = (
     "release_id, created_at, table_name, epsilon, delta, mechanism, strategy, calibration, "
     "sigma, sensitivity, n_queries, n_cells, expected_rmse, sql_text, result_tables, private, "
-    "status, release_name, bound_ratio, metric_epsilon, request, reused_from"
+    "status, release_name, bound_ratio, metric_epsilon, request, reused_from, epsilon_exact, "
+    "delta_exact, metric_epsilon_exact"
 )
 
 

@@ -18,7 +18,7 @@ import sys
 import pytest
 
 import dpsql
-from dpsql.errors import ERROR_TABLE, exit_statuses_text
+from dpsql.errors import ERROR_TABLE, LockTimeoutError, exit_statuses_text
 from dpsql.interfaces import cli
 
 from ..conftest import ROOT, make_adult_db
@@ -145,6 +145,9 @@ CASES = [
     (["explain", "{db}", "{good_sql}", *EPS, "--time-limit", "-1"], 65),
     (["run", "{db}", "{good_sql}", *EPS, "--csv", "{good_sql}"], 64),
     (["run", "{db}", "{good_sql}", *EPS, "--json", "--quiet"], 64),
+    *[(argv + ["--lock-timeout", bad], 65) for bad in ("-1", "soon")
+      for argv in (["budget", "{db}"], ["ledger", "{db}"], ["protect", "{raw}", "{bom_toml}"])],
+    (["budget", "{db}", "--json", "--lock-timeout"], 64),
     # bad flags, for every subcommand
     (["demo", "--frob"], 64), (["protect", "{raw}", "{bom_toml}", "--frob"], 64),
     (["explain", "{db}", "{good_sql}", "--frob"], 64), (["ledger", "{db}", "--frob"], 64),
@@ -234,6 +237,59 @@ def test_messages_name_the_problem_and_the_fix(f, capsys):
         err = capsys.readouterr().err
         assert all(w in err for w in words), (argv, err)
         assert "\\x" not in err and "Fémale" not in err   # no byte of the file is echoed
+
+
+# a real lock: another process holds the database file; every subcommand that opens it
+# gives up after --lock-timeout with the lock's row of the error table
+LOCKED = [["budget", "{locked}"], ["ledger", "{locked}", "--json"],
+          ["protect", "{locked}", "{bom_toml}"], ["run", "{locked}", "{good_sql}", *EPS],
+          ["explain", "{locked}", "{good_sql}", *EPS], ["shell", "{locked}", *EPS, "-e", Q]]
+
+
+@pytest.fixture(scope="module")
+def held(f, tmp_path_factory):
+    """A copy of the protected database, held open by a child Python process (DuckDB's
+    file lock) until the module's tests are done; then the child is killed."""
+    path = str(tmp_path_factory.mktemp("locked") / "locked.duckdb")
+    shutil.copyfile(f["db"], path)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import duckdb, sys; c = duckdb.connect(sys.argv[1]); "
+         "print('holding', flush=True); sys.stdin.read()", path],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        yield path, holder.pid
+    finally:
+        holder.kill()
+        holder.wait()
+        holder.stdin.close()
+        holder.stdout.close()
+
+
+def test_every_subcommand_with_a_lock_wait_has_a_locked_case():
+    """The subcommands that take --lock-timeout (all that open the database; the shell
+    parses its own) are exactly those the locked cases run."""
+    sub = next(a for a in cli.build_parser()._actions if a.dest == "command")
+    waiting = {name for name, p in sub.choices.items()
+               if any("--lock-timeout" in a.option_strings for a in p._actions)}
+    assert waiting == {"budget", "ledger", "protect", "run", "explain"}
+    assert {argv[0] for argv in LOCKED} == waiting | {"shell"}
+
+
+@pytest.mark.parametrize("argv", LOCKED, ids=[" ".join(a)[:40] for a in LOCKED])
+def test_a_locked_database_is_one_line_naming_the_holder_and_the_fix(f, held, capsys, argv):
+    path, pid = held
+    code = cli.main([a.format(**f, locked=path) for a in argv] + ["--lock-timeout", "1"])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err and out == "", (out, err)
+    assert code == ERROR_TABLE[LockTimeoutError].exit_status == 75, (code, err)
+    lines = err.strip().splitlines()
+    countdown = [line for line in lines if line.startswith("database locked by ")]
+    assert all(f"pid {pid} " in line and "--lock-timeout" in line for line in countdown)
+    errors = [line for line in lines if line not in countdown]
+    assert len(errors) == 1 and errors[0].startswith("error: database "), err   # one line
+    assert f"pid {pid} " in errors[0]                                 # the holder
+    assert "try again later" in errors[0] and "--lock-timeout" in errors[0]     # the fix
 
 
 def test_the_real_console_command_per_subcommand(f):

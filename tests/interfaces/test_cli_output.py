@@ -12,6 +12,7 @@ import re
 import shlex
 import subprocess
 import sys
+from datetime import datetime
 from fractions import Fraction
 
 import pytest
@@ -131,6 +132,51 @@ def test_json_is_one_document_with_answers_errors_and_budget(files, capsys):
 def test_json_excludes_the_other_outputs(files, capsys):
     code, out, err = run(capsys, "run", files["db"], files["script"], *EPS, "--json", "--csv")
     assert code == 64 and "not allowed with argument" in err and ledger(files["db"]) == []
+
+
+def test_budget_and_ledger_json_for_jobs(files, capsys):
+    """``dpsql budget --json`` / ``ledger --json``: the whole of stdout is one document;
+    budgets and charges exact (``{"value": float, "exact": "num/den"}``), as ``run --json``
+    gives the budget."""
+    code, out, err = run(capsys, "ledger", files["db"], "--json")
+    assert code == 0 and err == "" and json.loads(out) == {"dpsql": dpsql.__version__,
+                                                           "ledger": []}
+    code, out, err = run(capsys, "budget", files["db"], "--json")
+    assert code == 0 and err == ""
+    doc = json.loads(out)
+    assert set(doc) == {"dpsql", "budget"} and doc["dpsql"] == dpsql.__version__
+    assert doc["budget"]["adult"]["epsilon_limit"] == {"value": 10.0, "exact": "10/1"}
+    assert doc["budget"]["adult"]["epsilon_spent"] == {"value": 0.0, "exact": "0/1"}
+    # epsilon 1/3, which no float is: exact in the budget and in the ledger
+    code, out, err = run(capsys, "run", files["db"], files["script"], "--epsilon", "1/3",
+                         "--delta", "1e-6", "--json")
+    assert code == 0 and err == "", err
+    after_run = json.loads(out)["budget"]
+    code, out, err = run(capsys, "budget", files["db"], "--json")
+    budget = json.loads(out)["budget"]
+    assert code == 0 and err == "" and budget == after_run          # one form of a budget
+    spent = budget["adult"]["epsilon_spent"]
+    assert Fraction(spent["exact"]) == Fraction(1, 3) + Fraction(1, 5)      # SET 0.2 later
+    assert spent["value"] == float(Fraction(8, 15))
+    code, out, err = run(capsys, "ledger", files["db"], "--json")
+    assert code == 0 and err == ""
+    entries = json.loads(out)["ledger"]
+    stored = ledger(files["db"])
+    assert [e["release_id"] for e in entries] == [e["release_id"] for e in stored] == [1, 2]
+    assert [e["release_name"] for e in entries] == ["out/1", "out/2"]
+    assert [e["epsilon"]["exact"] for e in entries] == ["1/3", "1/5"]
+    assert [e["epsilon"]["value"] for e in entries] == [1 / 3, 0.2]
+    first = entries[0]
+    assert first["table_name"] == "adult" and first["metric_epsilon"] is None
+    assert Fraction(first["delta"]["exact"]) == stored[0]["delta"]
+    assert datetime.fromisoformat(first["created_at"]) == stored[0]["created_at"]
+    assert first["request"]["epsilon"] == "1/3" and first["result_tables"] == ["by_sex",
+                                                                               "young"]
+    assert "epsilon_exact" not in first and first["status"] == "released"
+    # the text forms are unchanged, and name the same releases
+    code, out, err = run(capsys, "ledger", files["db"])
+    assert code == 0 and out.splitlines()[0].split()[:2] == ["release_id", "release_name"]
+    assert "out/1" in out and "out/2" in out
 
 
 # --------------------------------------------------------------------------- --version
