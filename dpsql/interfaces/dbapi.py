@@ -553,6 +553,22 @@ class Cursor:
         block.add(text)
 
     def _answer(self, sql: str | list[str]) -> None:
+        with _backend():          # reading result tables back: free, no release
+            parts = self.connection._session.read_plan(sql)
+        for kind, texts in parts or [("answer", sql)]:
+            if kind == "read":
+                self._read(texts[0])
+            else:
+                self._release(texts)
+
+    def _read(self, text: str) -> None:
+        with _backend():
+            table = self.connection._session.read_results(text)
+        if table is None:         # no longer a result table: the release path says why
+            return self._release(text)
+        self._sets = (self._sets or []) + [table]
+
+    def _release(self, sql: str | list[str]) -> None:
         settings = self.connection._snapshot()
         try:
             with _backend(), self.connection._planning():
@@ -583,6 +599,9 @@ class Cursor:
         if self._sets is None:
             return None
         table = self._sets[self._set]
+        if table.types:           # a result table read back: its DuckDB types
+            return tuple((n, t, None, None, None, None, None)
+                         for n, t in zip(table.columns, table.types))
         first_answer = len(table.columns) - _ANSWER_COLUMNS
         return tuple((name, "DOUBLE" if i >= first_answer else
                       _type_code(row[i] for row in table.rows), None, None, None, None, None)
