@@ -356,6 +356,10 @@ class Connection:
         self.notices: list[str] = []
         self._cursors: weakref.WeakSet = weakref.WeakSet()
         self.closed = False
+        #: a SELECT over result tables only is read back (free); the server turns it off
+        #: (it reads an analyst's own result tables from its shadow, and must not say whether
+        #: another analyst's table exists)
+        self.read_results = True
         with _backend():
             self._session = Session(path, lock_timeout=own["lock_timeout"])
         self._limits = {k: own[k] for k in ("max_memory", "time_limit")}
@@ -553,8 +557,10 @@ class Cursor:
         block.add(text)
 
     def _answer(self, sql: str | list[str]) -> None:
-        with _backend():          # reading result tables back: free, no release
-            parts = self.connection._session.read_plan(sql)
+        parts = None
+        if self.connection.read_results:   # reading result tables back: free, no release
+            with _backend():
+                parts = self.connection._session.read_plan(sql)
         for kind, texts in parts or [("answer", sql)]:
             if kind == "read":
                 self._read(texts[0])
