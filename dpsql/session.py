@@ -30,8 +30,8 @@ from dpsql.release.support import (InterruptedAfterRelease, _completed_on_interr
                                    request_matches)
 from dpsql.sql.compile import Workload
 from dpsql.store import database as engine
-from dpsql.store import ledger
-from dpsql.store.results import Explanation, Release
+from dpsql.store import ledger, readback
+from dpsql.store.results import Explanation, Release, ResultTable
 from dpsql.request import CONNECTION_SETTINGS, SETTINGS, Request
 
 __all__ = ["InterruptedAfterRelease", "Session", "connect", "request_matches"]
@@ -155,6 +155,20 @@ class Session:
         with _completed_on_interrupt(done), self._request() as con:
             return release_path.answer(self._public(con), self.kernel, ask, self._write, done,
                                        locked=self.db.connect)
+
+    def read_results(self, sql: str) -> ResultTable | None:
+        """Rows of a query that reads only result tables (post-processing of released
+        numbers: free, no ledger row), run on a shadow holding copies of just those tables;
+        None when it names no result table (a release's business); refused when it mixes
+        one with a protected table, a table function or an unknown table
+        (:mod:`dpsql.store.readback`)."""
+        return readback.read(self.db, sql)
+
+    def read_plan(self, sql: str | Sequence[str]) -> list | None:
+        """A submission without workload markers as ("answer", [statements]) workloads and
+        ("read", [statement]) result-table reads, in order; None when it reads no result
+        table (answer it as given). The DB-API and the shell run both kinds in order."""
+        return readback.plan(self.db, [sql] if isinstance(sql, str) else list(sql))
 
     def _public(self, con) -> Public:
         return Public(con, ledger.load_policies(con), self.kernel.private)

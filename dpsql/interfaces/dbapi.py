@@ -356,6 +356,10 @@ class Connection:
         self.notices: list[str] = []
         self._cursors: weakref.WeakSet = weakref.WeakSet()
         self.closed = False
+        #: a SELECT over result tables only is read back (free); the server turns it off
+        #: (it reads an analyst's own result tables from its shadow, and must not say whether
+        #: another analyst's table exists)
+        self.read_results = True
         with _backend():
             self._session = Session(path, lock_timeout=own["lock_timeout"])
         self._limits = {k: own[k] for k in ("max_memory", "time_limit")}
@@ -553,6 +557,24 @@ class Cursor:
         block.add(text)
 
     def _answer(self, sql: str | list[str]) -> None:
+        parts = None
+        if self.connection.read_results:   # reading result tables back: free, no release
+            with _backend():
+                parts = self.connection._session.read_plan(sql)
+        for kind, texts in parts or [("answer", sql)]:
+            if kind == "read":
+                self._read(texts[0])
+            else:
+                self._release(texts)
+
+    def _read(self, text: str) -> None:
+        with _backend():
+            table = self.connection._session.read_results(text)
+        if table is None:         # no longer a result table: the release path says why
+            return self._release(text)
+        self._sets = (self._sets or []) + [table]
+
+    def _release(self, sql: str | list[str]) -> None:
         settings = self.connection._snapshot()
         try:
             with _backend(), self.connection._planning():
@@ -583,6 +605,9 @@ class Cursor:
         if self._sets is None:
             return None
         table = self._sets[self._set]
+        if table.types:           # a result table read back: its DuckDB types
+            return tuple((n, t, None, None, None, None, None)
+                         for n, t in zip(table.columns, table.types))
         first_answer = len(table.columns) - _ANSWER_COLUMNS
         return tuple((name, "DOUBLE" if i >= first_answer else
                       _type_code(row[i] for row in table.rows), None, None, None, None, None)

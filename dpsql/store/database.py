@@ -29,7 +29,7 @@ from typing import Iterator, Sequence
 import duckdb
 
 from dpsql import cancel
-from dpsql.store import schema
+from dpsql.store import schema, served
 from dpsql.workload.domain import CategoricalDomain, IntegerDomain
 from dpsql.errors import EngineError, LockTimeoutError
 
@@ -77,6 +77,8 @@ class Database:
 
     def __init__(self, path: str, *, lock_timeout: float = 30.0, on_lock_wait=None):
         self.path = path if path == ":memory:" else os.path.abspath(path)
+        if path != ":memory:":
+            served.check(self.path)      # a running dpsql server owns it: say so at once
         self.lock_timeout = float(lock_timeout)
         self.on_lock_wait = on_lock_wait
         self._memory = None

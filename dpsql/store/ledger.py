@@ -268,6 +268,18 @@ def is_result_table(con, name: str) -> bool:
     return bool(row[0])
 
 
+def result_names(con) -> list[str]:
+    """The result tables present in main that dpsql releases wrote (lower case)."""
+    if not has_schema(con):
+        return []
+    with engine_errors("reading the catalog"):
+        rows = con.execute(
+            "SELECT DISTINCT lower(r.table_name) FROM dpsql.release_tables r JOIN "
+            "duckdb_tables() t ON lower(r.table_name) = lower(t.table_name) "
+            "AND t.schema_name = 'main'").fetchall()
+    return [r[0] for r in rows]
+
+
 def table_owner(con, name: str) -> int | None:
     """The release that last wrote result table ``name`` (None if dpsql never wrote it)."""
     if not has_schema(con):

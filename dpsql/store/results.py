@@ -142,6 +142,9 @@ class ResultTable:
     name: str
     columns: tuple                   # column names
     rows: list                       # list of tuples
+    #: each column's DuckDB type when known (a result table read back); empty for a release's
+    #: own tables (their last four columns are DOUBLE, the keys' types follow their values)
+    types: tuple = ()
 
     def __str__(self) -> str:
         return format_table(self.columns, self.rows, title=self.name)

@@ -54,6 +54,9 @@ class AnalystConnection:
         self.cancelled = self.running = False
         self._dbapi = dbapi.connect(server.db_path, delta=0, epsilon=1, create=False,
                                     lock_timeout=server.lock_timeout)
+        # own result tables are read from the shadow; a release statement that also names
+        # another analyst's result table is refused as before, never saying it exists
+        self._dbapi.read_results = False
         self.views = PublicViews(server, account, Shadow(), self._dbapi.session)
         for name, value in (options or {}).items():
             self._set(name, value)

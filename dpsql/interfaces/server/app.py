@@ -27,6 +27,7 @@ from dpsql.errors import InputFileError, UsageError
 from dpsql.interfaces.server.accounts import Journal, load_users
 from dpsql.interfaces.server.connection import Handler
 from dpsql.interfaces.server.results import Failure
+from dpsql.store import served
 
 DEFAULT_PORT = 5433
 DEFAULT_MAX_CONNECTIONS = 64
@@ -46,6 +47,7 @@ class Server(socketserver.ThreadingTCPServer):
             raise InputFileError(f"database {db_path!r} does not exist; create it and "
                                  "protect a table first")
         self.db_path = os.path.abspath(db_path)
+        served.check(self.db_path)                     # a second server on a served file
         self.users_path = users_path
         load_users(users_path)                         # refuse a bad file at start
         self.journal = Journal(self.db_path + ".analysts.jsonl")
@@ -157,7 +159,7 @@ def _watch(sock, done: threading.Event, analyst) -> None:
 def _marker(server):
     """``DB.dpsql-server`` (address and process id) while the server runs: where other
     tools can learn that the file is served and by whom (docs/server.md)."""
-    path = server.db_path + ".dpsql-server"
+    path = served.marker_path(server.db_path)
     with open(path, "w", encoding="utf-8") as f:
         json.dump({"address": server.address, "pid": os.getpid()}, f)
     try:

@@ -16,7 +16,8 @@ import duckdb
 
 from dpsql import errors as dp
 from dpsql.interfaces.server.results import Result
-from dpsql.interfaces.server.shadow import SERVER_VERSION, sql_type
+from dpsql.interfaces.server.shadow import SERVER_VERSION
+from dpsql.store.shadow import sql_type
 from dpsql.store.database import quote_ident
 from dpsql.store.ledger import is_result_table
 

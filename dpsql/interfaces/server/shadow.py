@@ -13,12 +13,11 @@ spellings DuckDB lacks (``OPERATOR(pg_catalog.~)``, ``COLLATE pg_catalog.default
 from __future__ import annotations
 
 import re
-import threading
-
-import duckdb
 
 from dpsql.interfaces.server import pgcompat
-from dpsql.store.database import ANALYST_CONFIG, key_sql_type, quote_ident
+from dpsql.store import shadow as base
+from dpsql.store.database import key_sql_type, quote_ident
+
 
 #: functions PostgreSQL clients call that DuckDB's pg_catalog lacks (name, macro body)
 _MACROS = (
@@ -95,15 +94,12 @@ def rewrite(sql: str) -> str:
     return sql
 
 
-class Shadow:
-    """One connection's public catalog (a private in-memory DuckDB)."""
+class Shadow(base.Shadow):
+    """One connection's public catalog (a private in-memory DuckDB, :mod:`dpsql.store.shadow`)
+    with the functions and spellings PostgreSQL clients use."""
 
     def __init__(self):
-        # bounded: a catalog query cannot take the server's memory or every core
-        self.con = duckdb.connect(":memory:", config=dict(ANALYST_CONFIG, threads=1,
-                                                          memory_limit="256MB"))
-        self.lock = threading.Lock()
-        self.tables: set[str] = set()
+        super().__init__()
         pgcompat.install(self.con)
         for signature, body in _MACROS:
             self.con.execute(f"CREATE OR REPLACE MACRO {signature} AS {body}")
@@ -115,47 +111,5 @@ class Shadow:
         self._create(policy.table, f"CREATE OR REPLACE TABLE {quote_ident(policy.table)} "
                                    f"({cols})")
 
-    def _create(self, name: str, ddl: str) -> None:
-        with self.lock:
-            self.con.execute(ddl)
-            self.tables.add(name.lower())
-
-    def table(self, name: str, columns, rows, types=None) -> None:
-        """A table with rows (a result table or a budget view): ``types`` SQL types."""
-        types = types or [sql_type(rows, i) for i in range(len(columns))]
-        cols = ", ".join(f"{quote_ident(c)} {t}" for c, t in zip(columns, types))
-        with self.lock:
-            self.con.execute(f"CREATE OR REPLACE TABLE {quote_ident(name)} ({cols})")
-            if rows:
-                marks = ", ".join("?" for _ in columns)
-                self.con.executemany(f"INSERT INTO {quote_ident(name)} VALUES ({marks})",
-                                     [list(r) for r in rows])
-            self.tables.add(name.lower())
-
-    def run(self, sql: str):
-        """(columns [(name, duckdb type)], rows) of one statement, or (None, tag)."""
-        with self.lock:
-            cur = self.con.execute(rewrite(sql))
-            if cur.description is None:
-                return None, []
-            columns = [(d[0], str(d[1])) for d in cur.description]
-            return columns, cur.fetchall()
-
-    def close(self) -> None:
-        with self.lock:
-            self.con.close()
-
-
-def sql_type(rows, i: int) -> str:
-    for r in rows:
-        v = r[i]
-        if v is None:
-            continue
-        if isinstance(v, bool):
-            return "BOOLEAN"
-        if isinstance(v, int):
-            return "BIGINT"
-        if isinstance(v, float):
-            return "DOUBLE"
-        return "VARCHAR"
-    return "VARCHAR"
+    def _sql(self, sql: str) -> str:
+        return rewrite(sql)
