@@ -198,13 +198,16 @@ TIME_FIT: dict[str, tuple[float, ...]] = {   # the fit's worst ratio on its own 
 
 
 def candidate_cost(name: str, n: int, m: int, nnz: int, estimated_seconds: float = 0.0,
-                   fitted: bool = True) -> Cost:
+                   fitted: bool = True, gram: float = 0.0) -> Cost:
     """A candidate's plan and least-squares error factors: the strategy's dense matrices
     (``A`` p × n, Gram and Cholesky factor n × n), the dense ``W`` (m × n) solved against the
     factor and its result (``2·m·n·8`` bytes, ``m·n²`` flops). The identity needs only the
     row norms of the sparse ``W``. ``name``: the strategy, ``eigen/laplace`` for the L1
     Eigen-Design. ``estimated_seconds``: the strategy's own estimate, when it has one (used
-    when larger)."""
+    when larger). ``gram``: multiply-adds of the sparse Gram product ``AᵀA`` of the
+    strategy's ``A`` (:func:`dpsql.mechanisms.fit.strategy_gram_ops`), a term the size
+    features miss: a Kronecker ``A`` over several columns is far denser than any one-column
+    ``A`` of the same ``n``."""
     square, rows, cube, solves, fixed = _SHAPES.get(name, (6, 2.0, 12.0, 4.0, 0.5))
     if square == 0:
         return Cost(24.0 * nnz + 8.0 * (m + n),
@@ -214,8 +217,8 @@ def candidate_cost(name: str, n: int, m: int, nnz: int, estimated_seconds: float
     seconds = (fixed + (cube * n ** 3 + solves * m * n * n + 2.0 * rows * n ** 3) / FLOPS
                + DENSE_SECONDS_PER_ENTRY * float(m) * n)
     features = time_features(float(n) ** 3, float(nnz) * n, float(m) * n, nnz)
-    return Cost(memory, max(_fitted(name, seconds, features, fitted),
-                            float(estimated_seconds)))
+    return Cost(memory, max(_fitted(name, seconds, features, fitted)
+                            + SPARSE_SECONDS_PER_OP * gram, float(estimated_seconds)))
 
 
 def release_cost(n: int, m: int, rows: int | None = None) -> Cost:
