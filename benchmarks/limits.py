@@ -13,10 +13,12 @@ run on their own, each with a fresh ``V``, and compared with the prediction
 - ``ranges n``: every range ``[i, j]`` over one ordered column of n parts (m = n(n+1)/2).
 
 Peak memory is tracemalloc's peak (NumPy allocations included) over the step; time is
-measured in the same run (tracing costs little here: the work is in LAPACK). ``ratio`` is
+process CPU time measured in a separate, untraced run: tracemalloc hooks every Python
+allocation and made the Python-heavy L1 Eigen-Design (scipy line searches over chains)
+about 6x slower on small batches, a cost no request pays. ``ratio`` is
 measured / predicted (target: within 2x, i.e. 0.5 to 2; a prediction above the measure is
 the safe side); it is ``n/a`` below 1 MiB or 0.5 s, where fixed overheads dominate and no
-limit is near. Times are wall-clock on a shared 2-core machine and move with its load. Steps predicted over ``--max-seconds`` are not run (``-``). The last column
+limit is near. Steps predicted over ``--max-seconds`` are not run (``-``). The last column
 is what ``auto`` does under the default limits (4 GiB, 60 s): candidates kept, or refused.
 Then the refusal points of all-range workloads (predicted only): where the first candidate
 is skipped, where only the identity is left, where compile refuses and where no candidate
@@ -28,8 +30,8 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import resource
 import sys
-import time
 import tracemalloc
 from types import SimpleNamespace
 
@@ -42,6 +44,7 @@ import scipy.sparse as sp  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from dpsql import cancel  # noqa: E402
 from dpsql.errors import BatchTooLarge  # noqa: E402
 from dpsql.mechanisms import fit, matrix  # noqa: E402
 from dpsql.policy.policy import load_policy  # noqa: E402
@@ -75,21 +78,35 @@ def ranges(n: int) -> Workload:
 
 
 def measured(step, trace: bool = True):
-    """(peak bytes, process CPU seconds) of ``step()``. CPU time, not wall-clock: the
-    machine is shared, and its load moves wall-clock times by factors (LAPACK's threads
-    count double, so BLAS-heavy steps may show up to 2x their wall time on 2 cores)."""
+    """(peak bytes, CPU seconds) of ``step()``: process CPU time plus that of the worker
+    processes it forked and reaped (:func:`dpsql.cancel.run` computes a step predicted over
+    ``LONG_STEP`` in a forked child, whose time the parent's own clock never sees). CPU
+    time, not wall-clock: the machine is shared, and its load moves wall-clock times by
+    factors. ``trace``: tracemalloc's peak, with every step inline (a forked child's
+    allocations are out of the parent's sight; the child's are the same numerics)."""
+    inline = cancel.LONG_STEP
     if trace:
+        cancel.LONG_STEP = math.inf
         tracemalloc.start()
-    started = time.process_time()
+    started = _cpu()
     try:
         step()
     except MemoryError:
         pass
-    seconds = time.process_time() - started
+    finally:
+        cancel.LONG_STEP = inline
+    seconds = _cpu() - started
     peak = tracemalloc.get_traced_memory()[1] if trace else 0
     if trace:
         tracemalloc.stop()
     return peak, seconds
+
+
+def _cpu() -> float:
+    """CPU seconds of this process and of its reaped children (user + system)."""
+    own, children = (resource.getrusage(w) for w in (resource.RUSAGE_SELF,
+                                                     resource.RUSAGE_CHILDREN))
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def fresh(workload: Workload) -> None:
@@ -101,7 +118,8 @@ def row(label: str, what: str, cost: planning.Cost, max_seconds: float, step) ->
         print(f"{label:<12} {what:<14} {cost.memory / 2**20:>11.1f} {'-':>10} {'-':>6} "
               f"{cost.seconds:>9.2f} {'-':>9} {'-':>6}", flush=True)
         return
-    peak, seconds = measured(step)
+    _, seconds = measured(step, trace=False)      # tracemalloc slows Python-heavy steps
+    peak, _ = measured(step)
     memory_ratio = (f"{peak / cost.memory:>6.2f}" if max(peak, cost.memory) >= 2 ** 20
                     else f"{'n/a':>6}")
     time_ratio = (f"{seconds / cost.seconds:>6.2f}" if max(seconds, cost.seconds) >= 0.5
@@ -118,7 +136,7 @@ def case(label: str, workload: Workload, max_seconds: float) -> None:
     cost = planning.bound_cost(workload.n_cells, workload.n_queries, workload.W.nnz,
                                planning.gram_ops(workload.W))
     row(label, "svdb", cost, max_seconds,
-        lambda: matrix.svdb(matrix.workload_info(workload)))
+        lambda: (fresh(workload), matrix.svdb(matrix.workload_info(workload))))
     seen = set()
     for family, name, strategy in names:
         if (name, type(strategy)) in seen or family == "laplace" and name != "eigen":
@@ -127,7 +145,8 @@ def case(label: str, workload: Workload, max_seconds: float) -> None:
         fresh(workload)
         cost = fit.predicted(workload, family, name, strategy)
         row(label, f"{name}/{family[:5]}", cost, max_seconds,
-            lambda: matrix.evaluate(None, family, name, strategy, workload, False))
+            lambda: (fresh(workload),
+                     matrix.evaluate(None, family, name, strategy, workload, False)))
 
 
 def auto(workload: Workload, names) -> str:
@@ -328,11 +347,11 @@ def main() -> int:
                         help="whole requests only (dpsql answer, predicted vs measured)")
     args = parser.parse_args()
     if args.fit:
-        calibrate([(96, 96), (96, 384), (192, 48), (192, 192), (192, 768), (384, 96),
-                   (384, 384), (384, 1536), (640, 640), (800, 400), (800, 1600),
-                   (1000, 1000),
-                   (3, 4, 5), (2, 6, 8), (4, 5, 6, 3), (7, 3, 4, 5), (2, 3, 4, 5, 6),
-                   (8, 9, 12), (3, 3, 4, 5, 6), (10, 12, 11)])
+        calibrate([(24, 24), (40, 120), (96, 96), (96, 384), (192, 48), (192, 192),
+                   (192, 768), (384, 96), (384, 384), (384, 1536), (640, 640), (800, 400),
+                   (800, 1600), (1000, 1000), (1600, 800),
+                   (2, 3, 3), (3, 2, 2, 3), (3, 4, 5), (2, 6, 8), (4, 5, 6, 3), (7, 3, 4, 5),
+                   (2, 3, 4, 5, 6), (8, 9, 12), (3, 3, 4, 5, 6), (10, 12, 11), (4, 6, 7, 9)])
         return 0
     policies = load_policy(POLICY)
     if args.requests:

@@ -179,31 +179,35 @@ _SHAPES = {
 
 #: per step, the seconds per unit of each of :func:`time_features` (fixed, n³, nnz·n, m·n,
 #: nnz): fitted by ``python benchmarks/limits.py --fit`` (non-negative least squares on the
-#: relative error of process CPU time on one core) over twenty random batches: 96..1,000
-#: cells and 48..1,600 queries of mixed intervals and scattered sets, and marginals over 3-5
-#: made-up columns of 2..12 values (60..1,320 cells) — never the CUBE and all-range batches
-#: the benchmark reports; a step not listed keeps the model's own constants
+#: relative error of process CPU time, forked planning workers included, one BLAS thread)
+#: over twenty-seven random batches: 24..1,600 cells and 24..1,600 queries of mixed
+#: intervals and scattered sets, and marginals over 3-5 made-up columns of 2..12 values
+#: (18..1,512 cells) — never the CUBE and all-range batches the benchmark reports; a step
+#: not listed keeps the model's own constants
 TIME_FIT: dict[str, tuple[float, ...]] = {   # the fit's worst ratio on its own batches
-    "svdb": (0.000554, 5.26e-11, 1.95e-09, 4.54e-09, 0),                  # 2.10
-    "identity": (0.000295, 0, 0, 0, 3.29e-09),                            # 1.66
-    "workload": (0.000871, 5.09e-11, 6.28e-10, 1.41e-08, 1.62e-07),       # 7.24
-    "hierarchical": (0.00248, 6.96e-11, 7.76e-10, 2.3e-08, 2.74e-08),     # 1.54
-    "wavelet": (0.00175, 3.9e-11, 0, 2.65e-08, 3.17e-08),                 # 1.78
-    "fourier": (0.00096, 9.35e-11, 6.95e-10, 1.99e-08, 5.75e-08),         # 1.74
-    "eigen": (0.00113, 1.81e-10, 7.94e-10, 3.53e-08, 2.28e-07),           # 2.78
-    "optimal": (0.00166, 1.25e-10, 2.74e-09, 6.14e-08, 3.98e-08),  # 202: iterative, uneven
-    "eigen/laplace": (0.0859, 5.2e-10, 0, 5.72e-08, 8.55e-07),            # 1.64
+    "svdb": (0.000488, 6.19e-11, 1.78e-09, 4.84e-09, 0),                  # 1.48
+    "identity": (0.00028, 0, 0, 0, 4.25e-09),                             # 2.00
+    "workload": (0.000838, 2.78e-11, 8.17e-10, 2.45e-08, 3.52e-08),       # 7.88
+    "hierarchical": (0.00203, 7.66e-11, 8.46e-10, 2.52e-08, 2.52e-08),    # 1.47
+    "wavelet": (0.00102, 2.99e-11, 3.06e-11, 3.26e-08, 1.86e-08),         # 2.20
+    "fourier": (0.000716, 1e-10, 9.88e-10, 1.98e-08, 0),                  # 1.62
+    "eigen": (0.00134, 8.36e-11, 1.46e-09, 8.9e-08, 0),                   # 3.19
+    "optimal": (0.00375, 3.08e-10, 2.85e-09, 1.94e-08, 0),        # 120: iterative, uneven
+    "eigen/laplace": (0.0678, 4.34e-10, 0, 1.77e-07, 8.26e-07),           # 1.51
 }
 
 
 def candidate_cost(name: str, n: int, m: int, nnz: int, estimated_seconds: float = 0.0,
-                   fitted: bool = True) -> Cost:
+                   fitted: bool = True, gram: float = 0.0) -> Cost:
     """A candidate's plan and least-squares error factors: the strategy's dense matrices
     (``A`` p × n, Gram and Cholesky factor n × n), the dense ``W`` (m × n) solved against the
     factor and its result (``2·m·n·8`` bytes, ``m·n²`` flops). The identity needs only the
     row norms of the sparse ``W``. ``name``: the strategy, ``eigen/laplace`` for the L1
     Eigen-Design. ``estimated_seconds``: the strategy's own estimate, when it has one (used
-    when larger)."""
+    when larger). ``gram``: multiply-adds of the sparse Gram product ``AᵀA`` of the
+    strategy's ``A`` (:func:`dpsql.mechanisms.fit.strategy_gram_ops`), a term the size
+    features miss: a Kronecker ``A`` over several columns is far denser than any one-column
+    ``A`` of the same ``n``."""
     square, rows, cube, solves, fixed = _SHAPES.get(name, (6, 2.0, 12.0, 4.0, 0.5))
     if square == 0:
         return Cost(24.0 * nnz + 8.0 * (m + n),
@@ -213,8 +217,8 @@ def candidate_cost(name: str, n: int, m: int, nnz: int, estimated_seconds: float
     seconds = (fixed + (cube * n ** 3 + solves * m * n * n + 2.0 * rows * n ** 3) / FLOPS
                + DENSE_SECONDS_PER_ENTRY * float(m) * n)
     features = time_features(float(n) ** 3, float(nnz) * n, float(m) * n, nnz)
-    return Cost(memory, max(_fitted(name, seconds, features, fitted),
-                            float(estimated_seconds)))
+    return Cost(memory, max(_fitted(name, seconds, features, fitted)
+                            + SPARSE_SECONDS_PER_OP * gram, float(estimated_seconds)))
 
 
 def release_cost(n: int, m: int, rows: int | None = None) -> Cost:
