@@ -83,6 +83,8 @@ OPTIONS: dict[type, dict[str, Option]] = {
         "theta_min": Option("float", 1e-10, 0.0, 1.0, help="smallest homotopy regulariser"),
         "cg_steps": Option("int", 5, 1, 1000),
         "max_newton": Option("int", 60, 1, 100_000),
+        "warm": Option("choice", "optimal", choices=("optimal", "identity"),
+                       help="start from optimal's certified point, or the paper's cold start"),
     },
 }
 

@@ -370,6 +370,7 @@ def test_plain_names_resolve_to_the_registry_objects(name):
     ("optimal(symmetry=false)", "optimal(symmetry=false)", {"symmetry": False}),
     ("coa(theta_min=1e-6, max_newton=30)", "coa(theta_min=1e-06, max_newton=30)",
      {"theta_min": 1e-6, "max_newton": 30}),
+    ("coa(warm=identity)", "coa(warm=identity)", {"warm": "identity"}),   # the paper's cold start
 ])
 def test_specs_with_options(spec, canonical, attrs):
     got, obj = resolve(spec)
