@@ -322,6 +322,6 @@ def _failure(exc: dbapi.Error) -> Failure:
     """The error table's SQLSTATE of the dpsql error behind ``exc``, with the DB-API's
     message (which may say more: "the statement was not added to the open workload block")."""
     cause = exc.__cause__
-    if isinstance(cause, dp.DpsqlError):
+    if isinstance(cause, (dp.DpsqlError, dp.RequestCancelled)):   # cancelled: 57014
         return Failure(dp.error_row(cause).sqlstate, " ".join(str(exc).split()))
     return Failure(dp.error_row(dp.DpsqlError).sqlstate, str(exc).splitlines()[0])
