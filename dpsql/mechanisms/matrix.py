@@ -294,11 +294,23 @@ def _evaluations(con, workload: Workload, names, auto: bool, fresh: bool,
         found = None if fresh else selection_cache.load(con, *where, workload, names)
         if found is not None:
             return found[0], found[1], True, where
+    if with_bound and _gram_shared(con, workload, names):
+        _ = workload_info(workload).V     # here, once: not again in the bound's worker
     total = (cancel.run(svdb, workload_info(workload), seconds=fit.bound_seconds(workload))
              if with_bound else math.nan)
     evals = [evaluate(con, f, n, obj, workload, auto, where and where[1])
              for f, n, obj in names]
     return total, evals, False, where
+
+
+def _gram_shared(con, workload: Workload, names) -> bool:
+    """Whether the bound reads the Gram matrix ``V`` that this process computes anyway (a
+    cacheable candidate's :func:`strategy_cache.fingerprint` hashes it): then it is computed
+    before the bound's worker forks, instead of once in the worker and again here."""
+    info = workload_info(workload)
+    if con is None or info.W is None or info.W.shape[0] < info.n:
+        return False
+    return any(getattr(obj, "cacheable", False) for _, _, obj in names)
 
 
 def _materialise(con, e: Evaluation, strategy, workload: Workload):

@@ -18,7 +18,7 @@ import re
 
 import itertools
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace as _with
 from fractions import Fraction
 from typing import Any, Callable, Sequence
 
@@ -237,7 +237,10 @@ def _statement(index: int, stmt: exp.Expression, resolve_table) -> Query:
         kind = hints.statement_kind(select)
         raise _reject(f"{_construct_name(select)} statement", select,
                       hints.hint(kind) if kind else ALLOWED_SUMMARY)
-    return _select(index, select, target, replace, stmt.sql(dialect="duckdb"), resolve_table)
+    query = _select(index, select, target, replace, "", resolve_table)
+    # the IR holds no syntax node and the tree is not read again, so the normalised text is
+    # printed without the defensive deep copy (a third of parsing's cost on large batches)
+    return _with(query, sql=stmt.sql(dialect="duckdb", copy=False))
 
 
 def _select(index, select: exp.Select, target, replace, text, resolve_table) -> Query:
