@@ -4,7 +4,6 @@ The shell's pseudo-terminal tests are in test_shell_marker.py."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 import warnings
@@ -23,19 +22,7 @@ Q2 = "SELECT COUNT(*) FROM adult WHERE age >= 40"
 Q3 = "SELECT race, COUNT(*) FROM adult GROUP BY race"
 
 
-@pytest.fixture
-def path(adult_template, tmp_path):
-    p = str(tmp_path / "adult.duckdb")
-    shutil.copyfile(adult_template, p)
-    return p
-
-
-@pytest.fixture
-def conn(path):
-    c = dbapi.connect(path, epsilon=0.1, delta=1e-8)
-    yield c
-    if not c.closed:
-        c.close()
+# `path` and `conn` (ε = 0.1, δ = 1e-8): tests/interfaces/conftest.py
 
 
 # --------------------------------------------------------------------------- recognition

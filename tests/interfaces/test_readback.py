@@ -8,7 +8,6 @@ DB-API, the dpsql:// dialect (pandas) and the shell take the same path.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 import warnings
@@ -20,13 +19,6 @@ from dpsql.interfaces import dbapi
 from ..conftest import ROOT, snapshot
 
 CREATE = "CREATE TABLE t_sex AS SELECT sex, COUNT(*) FROM adult GROUP BY sex"
-
-
-@pytest.fixture
-def path(adult_template, tmp_path):
-    p = str(tmp_path / "adult.duckdb")
-    shutil.copyfile(adult_template, p)
-    return p
 
 
 @pytest.fixture
