@@ -173,17 +173,27 @@ def choose_branching(V: np.ndarray, shape: tuple) -> tuple:
     return choice, error
 
 
+def tree_plan(name: str, shape, branching, error: float, l1: bool = False) -> Plan:
+    """The plan of uniform b-ary trees per column (one Kronecker factor each) and its notes;
+    ``l1``: the branching was chosen for the L1 error (Δ₁ = Π levels) rather than L2."""
+    A = kron_all([tree_matrix(k, b) for k, b in zip(shape, branching)])
+    levels = tuple(len(level_sizes(k, b)) for k, b in zip(shape, branching))
+    shown = tuple("leaves" if b is None else b for b in branching)
+    if l1:
+        notes = (f"branching {shown} per column (levels {levels}), chosen for L1 sensitivity",
+                 f"expected total squared error {error:.6g} (2/epsilon^2) "
+                 f"(L1 sensitivity {math.prod(levels)}, squared, included)")
+    else:
+        notes = (f"branching {shown} per column (levels {levels})",
+                 f"expected total squared error {error:.6g} sigma_1^2 "
+                 f"(sensitivity^2 {math.prod(levels)} included)")
+    return make_plan(name, A, notes)
+
+
 class HierarchicalStrategy:
     name = "hierarchical"
 
     def plan(self, workload: WorkloadInfo) -> Plan:
         check_size(self.name, workload)
-        shape = workload.shape
-        branching, error = choose_branching(workload.V, shape)
-        A = kron_all([tree_matrix(k, b) for k, b in zip(shape, branching)])
-        levels = tuple(len(level_sizes(k, b)) for k, b in zip(shape, branching))
-        shown = tuple("leaves" if b is None else b for b in branching)
-        notes = (f"branching {shown} per column (levels {levels})",
-                 f"expected total squared error {error:.6g} sigma_1^2 "
-                 f"(sensitivity^2 {math.prod(levels)} included)")
-        return make_plan(self.name, A, notes)
+        branching, error = choose_branching(workload.V, workload.shape)
+        return tree_plan(self.name, workload.shape, branching, error)

@@ -17,9 +17,10 @@ import math
 
 import numpy as np
 
-from dpsql.workload.matrix import Plan, WorkloadInfo, make_plan
-from dpsql.strategies.hierarchical import candidates, level_sizes, tree_error, tree_gram_inverse, tree_matrix
-from dpsql.strategies.kron import check_size, contract, kron_all
+from dpsql.workload.matrix import Plan, WorkloadInfo
+from dpsql.strategies.hierarchical import (candidates, level_sizes, tree_error, tree_gram_inverse,
+                                          tree_plan)
+from dpsql.strategies.kron import check_size, contract
 from dpsql.strategies.laplace.trees import MAX_SWEEPS
 
 
@@ -71,12 +72,5 @@ class L1HierarchicalStrategy:
 
     def plan(self, workload: WorkloadInfo) -> Plan:
         check_size(self.name, workload)
-        shape = workload.shape
-        branching, error = choose_branching_l1(workload.V, shape)
-        A = kron_all([tree_matrix(k, b) for k, b in zip(shape, branching)])
-        levels = tuple(len(level_sizes(k, b)) for k, b in zip(shape, branching))
-        shown = tuple("leaves" if b is None else b for b in branching)
-        notes = (f"branching {shown} per column (levels {levels}), chosen for L1 sensitivity",
-                 f"expected total squared error {error:.6g} (2/epsilon^2) "
-                 f"(L1 sensitivity {math.prod(levels)}, squared, included)")
-        return make_plan(self.name, A, notes)
+        branching, error = choose_branching_l1(workload.V, workload.shape)
+        return tree_plan(self.name, workload.shape, branching, error, l1=True)
