@@ -104,13 +104,8 @@ class AnalystConnection:
         """One statement's outcome (a release statement inside a workload block is held)."""
         try:
             outcome = self._dispatch(text, k)
-        except (dp.DpsqlError, dp.RequestCancelled) as exc:   # cancelled: 57014, nothing charged
-            outcome = Failure.of(exc)
-        except dbapi.Error as exc:
-            outcome = _failure(exc)
-        except Exception as exc:             # a bug: XX000, its text withheld from the client
-            traceback.print_exc()
-            outcome = Failure.of(exc)
+        except (Exception, dp.RequestCancelled) as exc:
+            outcome = _refusal(exc)
         self.server.audit(self.account.user, k, text, outcome)
         return outcome
 
@@ -248,13 +243,8 @@ class AnalystConnection:
         sql = ";\n".join(t.strip().rstrip(";").strip() for t in texts)
         try:
             return self._charged(sql, execute or sql)
-        except (dp.DpsqlError, dp.RequestCancelled) as exc:   # cancelled: 57014, nothing charged
-            outcome = Failure.of(exc)
-        except dbapi.Error as exc:
-            outcome = _failure(exc)
-        except Exception as exc:             # a bug: XX000, its text withheld from the client
-            traceback.print_exc()
-            outcome = Failure.of(exc)
+        except (Exception, dp.RequestCancelled) as exc:
+            outcome = _refusal(exc)
         self.server.audit(self.account.user, "release", sql, outcome)
         return [outcome]
 
@@ -316,6 +306,17 @@ class AnalystConnection:
 
 class _Many(list):
     """Several outcomes from one statement (COMMIT of a workload: its result sets)."""
+
+
+def _refusal(exc: BaseException) -> Failure:
+    """What a statement that raised ``exc`` sends: a dpsql error or a cancel (57014, nothing
+    charged) with its row of the error table; a DB-API error with the row of the dpsql error
+    behind it; anything else is a bug: XX000, its text withheld from the client."""
+    if isinstance(exc, dbapi.Error):
+        return _failure(exc)
+    if not isinstance(exc, (dp.DpsqlError, dp.RequestCancelled)):
+        traceback.print_exc()
+    return Failure.of(exc)
 
 
 def _failure(exc: dbapi.Error) -> Failure:
