@@ -35,7 +35,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from dpsql.store import database as engine
 
 from dpsql.engines import duckdb as data_engine
-from dpsql.workload.domain import CategoricalDomain, IntegerDomain, NumericDomain  # noqa: E402
+from dpsql.workload.categorical import CategoricalDomain  # noqa: E402
+from dpsql.workload.ordered import IntegerDomain, NumericDomain  # noqa: E402
 from dpsql.policy.policy import table_policy_from_spec  # noqa: E402
 from dpsql.sql.compile import compile_workload  # noqa: E402
 from dpsql.sql.parse import parse_batch  # noqa: E402

@@ -130,7 +130,8 @@ import dpsql  # noqa: E402
 from dpsql.mechanisms import catalog as adaptive
 from dpsql.engines import duckdb as data_engine
 from dpsql.mechanisms import matrix as selection
-from dpsql.workload.domain import CategoricalDomain, IntegerDomain  # noqa: E402
+from dpsql.workload.categorical import CategoricalDomain  # noqa: E402
+from dpsql.workload.ordered import IntegerDomain  # noqa: E402
 from dpsql.errors import StrategyError  # noqa: E402
 from dpsql.inference.least_squares import LeastSquares  # noqa: E402
 from dpsql.kernel import MeasureOracle  # noqa: E402

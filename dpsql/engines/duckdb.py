@@ -15,7 +15,8 @@ import numpy as np
 
 from dpsql.errors import EngineError
 from dpsql.store.database import engine_errors, quote_ident, quote_literal, table_columns
-from dpsql.workload.domain import CategoricalDomain, IntegerDomain, NumericDomain
+from dpsql.workload.categorical import CategoricalDomain
+from dpsql.workload.ordered import IntegerDomain, NumericDomain
 
 
 def unit_sql(column: str, domain) -> str:

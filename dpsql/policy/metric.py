@@ -29,7 +29,8 @@ import scipy.sparse as sp
 from scipy.sparse.csgraph import shortest_path
 
 from dpsql.policy.record_metric import ColumnMetric, MetricModel, column_domain
-from dpsql.workload.domain import CategoricalDomain, IntegerDomain
+from dpsql.workload.categorical import CategoricalDomain
+from dpsql.workload.ordered import IntegerDomain
 from dpsql.errors import PolicyError, StrategyError
 
 #: all-pairs programs (and all-pairs verification) only up to this many cells: n(n−1)/2

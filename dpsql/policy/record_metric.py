@@ -50,7 +50,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from dpsql.noise.accounting import fraction_from_text
-from dpsql.workload.domain import CategoricalDomain, IntegerDomain, NumericDomain
+from dpsql.workload.categorical import CategoricalDomain
+from dpsql.workload.ordered import IntegerDomain, NumericDomain
 from dpsql.errors import PolicyError, PrivacyParameterError
 
 #: the largest categorical distance matrix (the triangle check is cubic)

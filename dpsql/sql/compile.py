@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from dpsql.workload.domain import FALSE, TRUE
+from dpsql.workload.units import FALSE, TRUE
 from dpsql.errors import UnsupportedQueryError
 from dpsql.workload import limits as planning
 from dpsql.sql.conditions import (_atom_truth, _atoms, _columns, _combine, _key, _kleene,

@@ -10,7 +10,7 @@ import numpy as np
 
 from dpsql.errors import UnsupportedQueryError
 from dpsql.sql.parse import Atom, Const, Predicate
-from dpsql.workload.domain import FALSE, TRUE, NotExpressible
+from dpsql.workload.units import FALSE, TRUE, NotExpressible
 
 
 def _columns(pred: Predicate) -> frozenset:

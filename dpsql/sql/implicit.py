@@ -38,7 +38,7 @@ from dpsql.sql.conditions import _columns
 from dpsql.sql.parse import Const, Predicate, Query
 from dpsql.workload import limits as planning
 from dpsql.workload.blocks import KronBlock, UnionWorkload
-from dpsql.workload.domain import TRUE
+from dpsql.workload.units import TRUE
 
 #: batches whose dense product of parts has more cells than this (over two or more columns)
 #: are compiled to Kronecker blocks. The dense selection costs O(n³) in the cells n (its

@@ -30,7 +30,8 @@ import duckdb
 
 from dpsql import cancel
 from dpsql.store import schema, served
-from dpsql.workload.domain import CategoricalDomain, IntegerDomain
+from dpsql.workload.categorical import CategoricalDomain
+from dpsql.workload.ordered import IntegerDomain
 from dpsql.errors import EngineError, LockTimeoutError
 
 ANALYST_CONFIG = {

@@ -7,8 +7,9 @@ from fractions import Fraction
 
 import pytest
 
-from dpsql.workload.domain import (FALSE, TRUE, UNKNOWN, IntegerDomain, NotExpressible, NumericDomain,
-                          domain_from_spec)
+from dpsql.workload.domain import domain_from_spec
+from dpsql.workload.ordered import IntegerDomain, NumericDomain
+from dpsql.workload.units import FALSE, TRUE, UNKNOWN, NotExpressible
 from dpsql.errors import PolicyError
 
 OPS = {"=": lambda x, c: x == c, "<>": lambda x, c: x != c, "<": lambda x, c: x < c,

@@ -32,7 +32,8 @@ from sqlglot import exp
 
 
 from dpsql.engines import duckdb as data_engine
-from dpsql.workload.domain import CategoricalDomain, IntegerDomain, NumericDomain
+from dpsql.workload.categorical import CategoricalDomain
+from dpsql.workload.ordered import IntegerDomain, NumericDomain
 from dpsql.errors import UnsupportedQueryError
 from dpsql.policy.policy import table_policy_from_spec
 from dpsql.sql.compile import compile_workload
@@ -126,7 +127,7 @@ def con():
             CASE WHEN fnlwgt % 5 = 0 THEN NULL ELSE hours_per_week END AS hours_per_week
         ) FROM adult""")
     c.execute("CREATE VIEW adult_other AS SELECT * FROM adult")
-    # the out-of-domain rules of dpsql/domain.py, applied by hand for the oracle
+    # the out-of-domain rules of dpsql/workload/domain.py, applied by hand for the oracle
     c.execute("""
         CREATE VIEW adult_ood AS SELECT * REPLACE (
             20 + 5 * CAST(floor((least(greatest(coalesce(age, 20), 20), 64) - 20) / 5)
