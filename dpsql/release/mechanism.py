@@ -131,7 +131,7 @@ def parse_request(sql, policies) -> tuple[TablePolicy, list]:
     before any charge, in explain and answer alike."""
     def resolve(name, node):
         if name not in policies:
-            from dpsql.sql.parse import _position
+            from dpsql.sql.refusals import _position
             line, col = _position(node)
             known = ", ".join(sorted(policies)) or "none yet; see protect()"
             raise UnknownTableError(

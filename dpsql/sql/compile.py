@@ -34,7 +34,7 @@ from dpsql.errors import UnsupportedQueryError
 from dpsql.workload import limits as planning
 from dpsql.sql.conditions import (_atom_truth, _atoms, _columns, _combine, _key, _kleene,
                                   _single_column_parts)
-from dpsql.sql.parse import Const, Predicate, Query
+from dpsql.sql.ir import Const, Predicate, Query
 
 #: the largest number of cells one batch may use (the product of the parts)
 MAX_CELLS = 4_000_000

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from dpsql.errors import UnsupportedQueryError
-from dpsql.sql.parse import Atom, Const, Predicate
+from dpsql.sql.ir import Atom, Const, Predicate
 from dpsql.workload.units import FALSE, TRUE, NotExpressible
 
 

@@ -2,8 +2,9 @@
 
 A refusal names the construct (``function sum()``, ``JOIN``, ``ORDER BY`` ...), says what
 dpsql answers instead and points to the section of ``docs/sql.md`` that explains why
-(issue 18 item 7). :mod:`dpsql.sql.parse` picks the hint; the words live here, one row per
-kind of construct, so every interface (CLI, shell, scripts, DB-API) says the same.
+(issue 18 item 7). The allow-list (:mod:`dpsql.sql.parse`, :mod:`dpsql.sql.select`,
+:mod:`dpsql.sql.predicates`) picks the hint; the words live here, one row per kind of
+construct, so every interface (CLI, shell, scripts, DB-API) says the same.
 """
 
 from __future__ import annotations

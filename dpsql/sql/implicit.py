@@ -35,7 +35,7 @@ from dpsql.errors import UnsupportedQueryError
 from dpsql.sql.compile import (MAX_CELLS, Parts, compile_parts, dense_workload, group_rows,
                                make_output, output_keys)
 from dpsql.sql.conditions import _columns
-from dpsql.sql.parse import Const, Predicate, Query
+from dpsql.sql.ir import Const, Predicate, Query
 from dpsql.workload import limits as planning
 from dpsql.workload.blocks import KronBlock, UnionWorkload
 from dpsql.workload.units import TRUE

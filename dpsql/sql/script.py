@@ -18,7 +18,8 @@ from sqlglot.tokens import TokenType
 from dpsql.errors import (DpsqlError, ParseError, PrivacyParameterError, ScriptError,
                           UnsupportedQueryError, WorkloadBlockError)
 from dpsql.sql import marker as markers
-from dpsql.sql.parse import _position, split_statements
+from dpsql.sql.parse import split_statements
+from dpsql.sql.refusals import _position
 
 #: the fields of a workload that hold an accuracy target (the declaration's targets:
 #: :data:`dpsql.request.TARGETS`, which the settings' tests check against)

@@ -239,8 +239,8 @@ class _GuardedFraction(Fraction):
 def test_a_huge_exponent_literal_is_handled_without_expanding_it(mem, monkeypatch):
     """Passing: `age < 1e100000000` is answered or refused (it is below every declared value
     either way) without building the 100-million-digit integer."""
-    from dpsql.sql import parse as parse_module
+    from dpsql.sql import literals as literals_module
 
-    monkeypatch.setattr(parse_module, "Fraction", _GuardedFraction)
+    monkeypatch.setattr(literals_module, "Fraction", _GuardedFraction)
     via_python(mem.session, "SELECT COUNT(*) FROM adult WHERE age < 1e100000000",
                explain=True)

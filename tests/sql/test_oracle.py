@@ -144,7 +144,7 @@ def con():
 
 def resolve(name, node):
     if name not in POLICIES:
-        from dpsql.sql.parse import _position
+        from dpsql.sql.refusals import _position
         line, col = _position(node)
         raise UnsupportedQueryError(f"table {name!r} is not a protected table", line, col)
     return POLICIES[name]

@@ -17,7 +17,8 @@ import pytest
 from dpsql.errors import ParseError, UnsupportedQueryError
 from dpsql.policy.policy import table_policy_from_spec
 from dpsql.sql.compile import compile_workload
-from dpsql.sql.parse import _position, parse_batch
+from dpsql.sql.parse import parse_batch
+from dpsql.sql.refusals import _position
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 

@@ -1,0 +1,51 @@
+"""The query IR: what the allow-list hands the compiler (no syntax node, public text only)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Atom:
+    """``column op value``; op is a comparison, or ``isnull`` (value None)."""
+
+    column: str
+    op: str
+    value: Any
+    line: int | None = None
+    col: int | None = None
+
+
+@dataclass(frozen=True)
+class BoolOp:
+    """``and`` / ``or`` over children, or ``not`` over one child."""
+
+    op: str
+    children: tuple
+
+
+@dataclass(frozen=True)
+class Const:
+    """A literal TRUE or FALSE in a WHERE clause."""
+
+    value: bool
+
+
+Predicate = Atom | BoolOp | Const
+
+
+@dataclass(frozen=True)
+class Query:
+    """One statement of a batch, validated against the allow-list."""
+
+    index: int                  # position in the batch, from 0
+    table: str                  # protected table (lower case)
+    where: Predicate | None
+    count_column: str | None    # COUNT(col): rows where col IS NOT NULL
+    count_name: str             # output column for the count ("count" unless aliased)
+    key_columns: tuple          # output key columns: (source column, output name)
+    grouping_sets: tuple        # tuple of tuples of source columns; ((),) when no GROUP BY
+    target: str | None          # CREATE TABLE name
+    replace: bool               # CREATE OR REPLACE
+    sql: str                    # the statement, normalised
