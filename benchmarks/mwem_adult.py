@@ -66,8 +66,8 @@ For each ε ∈ {0.01, 0.05, 0.1, 0.5, 1} the table shows the average squared er
   ``n + 1`` times the inverse of the Dirichlet second-difference matrix; checked against a
   dense eigendecomposition at n = 300). (c) through :func:`dpsql.mechanisms.matrix.select`.
 
-Simulation. MWEM runs against :class:`dpsql.kernel.MeasureOracle` — the kernel's own oracle
-class — holding the true data vector, with :class:`dpsql.noise.samplers.SeededTestSampler` (seeded
+Simulation. MWEM runs against :class:`dpsql.kernel.oracles.MeasureOracle` — the kernel's own
+oracle class — holding the true data vector, with :class:`dpsql.noise.samplers.SeededTestSampler` (seeded
 continuous Laplace and Gumbel-max exponential mechanism) instead of OpenDP's exact samplers.
 (a) uses the kernel oracle's ``select_interval`` (the protocol method of
 :class:`dpsql.mechanisms.mwem.core.MeasureOracle` for a RangeBlock: the exponential mechanism over all ranges,
@@ -134,7 +134,7 @@ from dpsql.workload.categorical import CategoricalDomain  # noqa: E402
 from dpsql.workload.ordered import IntegerDomain  # noqa: E402
 from dpsql.errors import StrategyError  # noqa: E402
 from dpsql.inference.least_squares import LeastSquares  # noqa: E402
-from dpsql.kernel import MeasureOracle  # noqa: E402
+from dpsql.kernel.oracles import MeasureOracle  # noqa: E402
 from dpsql.mechanisms.mwem.core import Block, MWEMOptions, RangeBlock, interval_answers, run_mwem  # noqa: E402
 from dpsql.noise.gaussian import calibrate_with_rounding
 from dpsql.noise.samplers import SeededTestSampler
@@ -722,7 +722,7 @@ def main(argv=None) -> int:
     print(f"MSE = total squared error / number of queries (the paper's metric). MWEM: last "
           f"iterate, uniform start, N={N_ROWS} public, {runs} runs per (ε, T), best T in "
           f"hindsight; options per workload below. Simulated oracle = dpsql.kernel."
-          f"MeasureOracle (select_interval for (a)) with SeededTestSampler (continuous "
+          f"oracles.MeasureOracle (select_interval for (a)) with SeededTestSampler (continuous "
           f"Laplace, Gumbel-max EM). svdb (ε,δ) = the paper's comparison: Li & Miklau's SVD "
           f"bound with P = 2 ln(2/δ)/ε², δ = 1/N = {DELTA_PAPER:.3g}. svdb pure ε = the same "
           f"bound for Laplace noise (2/ε²). Data-independent: dpsql's Laplace family (auto's "

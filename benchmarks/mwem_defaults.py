@@ -41,7 +41,7 @@ import scipy.sparse as sp  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from dpsql.kernel import MeasureOracle  # noqa: E402
+from dpsql.kernel.oracles import MeasureOracle  # noqa: E402
 from dpsql.mechanisms.mwem.core import Block, MWEMOptions, run_mwem  # noqa: E402
 from dpsql.noise.samplers import SeededTestSampler  # noqa: E402
 

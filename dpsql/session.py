@@ -21,7 +21,7 @@ from typing import Sequence
 
 from dpsql import cancel
 from dpsql.errors import PolicyError, UnknownTableError, check_database_path
-from dpsql.kernel import Kernel
+from dpsql.kernel.boundary import Kernel
 from dpsql.policy.policy import TablePolicy, load_policy
 from dpsql.release import mechanism
 from dpsql.release import path as release_path

@@ -1,1 +1,2 @@
-"""Engines: the one data-path operation (the data vector), called only by :mod:`dpsql.kernel`."""
+"""Engines: the one data-path operation (the data vector), called only by
+:mod:`dpsql.kernel.data`."""

@@ -1,7 +1,7 @@
 """The DuckDB engine: the data vector, the ONE query that reads protected rows.
 
-Called only by :mod:`dpsql.kernel` (import-linter contract in ``pyproject.toml``). It knows
-nothing of noise. The SQL is generated from the declared policy (identifiers and literals
+Called only by :mod:`dpsql.kernel.data` (import-linter contracts in ``pyproject.toml``). It
+knows nothing of noise. The SQL is generated from the declared policy (identifiers and literals
 quoted by :mod:`dpsql.store.database`); no value in a row (NaN, ±inf, out of range,
 unparsable) can make it fail, and DuckDB's own error text never leaves (it can contain data
 values): every failure becomes :class:`~dpsql.errors.EngineError`.

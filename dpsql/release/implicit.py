@@ -2,9 +2,10 @@
 
 Same path as :mod:`dpsql.release.matrix` — plan (public) → kernel → infer — but nothing is
 built on the full product of the columns: the strategy is measured through the cliques'
-marginals (:func:`dpsql.kernel.release_marginals`) and the answers and their exact standard
-errors are computed block by block (:mod:`dpsql.inference.implicit`). Gaussian (residual)
-or Laplace (each clique's marginal) noise, as :func:`dpsql.mechanisms.implicit.select` chose.
+marginals (:meth:`dpsql.kernel.boundary.Kernel.release_marginals`) and the answers and their
+exact standard errors are computed block by block (:mod:`dpsql.inference.implicit`). Gaussian
+(residual) or Laplace (each clique's marginal) noise, as :func:`dpsql.mechanisms.implicit.select`
+chose.
 
 What the implicit path does not do yet sends the batch to the dense form instead
 (:func:`compile_for`; the dense compile refuses products over its cell limit with the sizes

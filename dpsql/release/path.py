@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from dpsql import cancel
 
-from dpsql.kernel import Kernel
+from dpsql.kernel.boundary import Kernel
 from dpsql.mechanisms import catalog
 from dpsql.errors import PolicyError, StrategyError, UnsupportedQueryError
 from dpsql.release import adaptive, matrix, named

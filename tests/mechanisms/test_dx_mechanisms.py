@@ -21,7 +21,7 @@ from dpsql.mechanisms.dx import mechanisms as dxm
 from dpsql.release import adaptive as session_mod
 from dpsql.mechanisms.dx.scales import dx_em_scale
 from dpsql.errors import DpsqlError, PolicyError, PrivacyParameterError, StrategyError
-from dpsql.kernel import MetricMeasureOracle
+from dpsql.kernel.metric_oracle import MetricMeasureOracle
 from dpsql.policy.metric import cell_distance_graph
 from dpsql.mechanisms.mwem.groups import CandidateGroups, GroupValues
 from dpsql.noise.samplers import SeededTestSampler

@@ -293,8 +293,8 @@ class _MisScaled:
 
 
 def test_kernel_select_interval_draws_the_exponential_mechanism():
-    """dpsql.kernel.MeasureOracle.select_interval with the seeded test sampler: 6,000 draws
-    over the 14 allowed ranges of 5 cells (one excluded), chi-square against the exponential
+    """dpsql.kernel.oracles.MeasureOracle.select_interval with the seeded test sampler: 6,000
+    draws over the 14 allowed ranges of 5 cells (one excluded), chi-square against the exponential
     mechanism's probabilities at ε (every expected count ≥ 5 here, checked), α = 0.001, 13
     degrees of freedom, ε = 1. Power: a sampler 30% off in scale (ε×1.3 or ε/1.3) shifts
     the probabilities enough that the non-central chi-square exceeds the critical value with
@@ -302,7 +302,7 @@ def test_kernel_select_interval_draws_the_exponential_mechanism():
     these seeds both wrong scales are rejected while the kernel's draws are not."""
     from scipy import stats
 
-    from dpsql.kernel import MeasureOracle
+    from dpsql.kernel.oracles import MeasureOracle
     from dpsql.noise.samplers import SeededTestSampler
 
     n, eps, draws = 5, Fraction(1), 6000
@@ -352,7 +352,7 @@ class _Recording:
 
 
 def test_kernel_select_interval_budget_is_exact_and_inputs_checked():
-    from dpsql.kernel import MeasureOracle
+    from dpsql.kernel.oracles import MeasureOracle
 
     x = np.array([3.0, 1.0, 0.0, 2.0])
     est = np.linspace(0.0, 6.0, 5)
@@ -389,7 +389,7 @@ def test_kernel_select_interval_budget_is_exact_and_inputs_checked():
 
 
 def test_run_mwem_on_a_range_block_through_the_kernel_oracle_spends_exactly():
-    from dpsql.kernel import MeasureOracle
+    from dpsql.kernel.oracles import MeasureOracle
     from dpsql.noise.samplers import SeededTestSampler
 
     n = 30
@@ -410,7 +410,7 @@ def test_run_mwem_on_a_range_block_through_the_kernel_oracle_spends_exactly():
 
 
 def test_metric_oracle_still_refuses_select_interval():
-    from dpsql.kernel import MetricMeasureOracle
+    from dpsql.kernel.metric_oracle import MetricMeasureOracle
     from dpsql.noise.samplers import SeededTestSampler
 
     x = np.array([1.0, 2.0, 3.0])

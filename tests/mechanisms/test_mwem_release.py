@@ -12,7 +12,7 @@ import scipy.sparse as sp
 import dpsql
 from dpsql.release import adaptive as session_mod
 from dpsql.errors import StrategyError
-from dpsql.kernel import MeasureOracle
+from dpsql.kernel.oracles import MeasureOracle
 from dpsql.mechanisms.mwem.groups import CandidateGroups, GroupValues
 from dpsql.noise.samplers import SeededTestSampler
 

@@ -16,7 +16,7 @@ import pytest
 import scipy.sparse as sp
 
 from dpsql.errors import StrategyError
-from dpsql.kernel import MeasureOracle as KernelOracle
+from dpsql.kernel.oracles import MeasureOracle as KernelOracle
 from dpsql.mechanisms.mwem.core import Block, MWEMOptions, RangeBlock, run_mwem
 from dpsql.mechanisms.mwem.core import _init_log_weights, _init_rows
 from dpsql.mechanisms.mwem.state import MAX_PIECES, box_partition

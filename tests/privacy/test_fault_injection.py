@@ -33,9 +33,9 @@ retry are the shared path's code, covered by the dense routes (keeps the file fa
 Faults are injected by patching module attributes in a child forked from one driver process
 (``python -c``, dpsql imported once); the library has no hooks for it. The step boundaries are
 enumerated from the code: :func:`test_every_call_of_the_path_is_a_known_step` fails when a
-call is added to the path, or to the kernel's release methods and the kernel functions they
-reach (the implicit section ``release_marginals`` and its helpers), without being classified
-here, and
+call is added to the path, or to the kernel's release methods and the functions of the
+kernel's modules they reach (the implicit section ``release_marginals`` and its helpers, the
+scale checks, the data reads of ``dpsql/kernel/data.py``), without being classified here, and
 :func:`test_an_unfaulted_release_reaches_every_declared_point` fails when a route no longer
 reaches the points declared for it.
 """
@@ -430,20 +430,25 @@ KNOWN_CALLS = {
                                            "list": PURE},
 }
 #: the kernel's calls that charge, read data or draw noise (in its release methods and in
-#: every function of dpsql/kernel.py they reach, :func:`_kernel_calls`)
+#: every function of the modules of dpsql/kernel/ they reach, :func:`_kernel_calls`)
 _KERNEL = {"ledger.charge": "charged", "_data_vector": "data_vector",
-           "engine.data_vector": "data_vector", "engine.marginals": "marginals",
+           "engine.data_vector": "data_vector", "_clique_marginals": "marginals",
+           "engine.marginals": "marginals",
            "self.sampler.sample": "noise", "self.sampler.laplace": "noise",
-           "kernel.sampler.sample": "noise", "kernel.sampler.laplace": "noise",
            "algorithm": "noise", "plan.measure": PURE, "oracle.close": PURE}
 #: what touches the ledger, the data or the sampler (``ledger.Charge`` is the charge's type)
 _TOUCHING = ("ledger.", "engine.", "self.sampler", "kernel.sampler", "_data_vector",
-             "algorithm", "con.")
-#: the kernel's release entry points: each charges and reads data exactly where a point is
+             "_clique_marginals", "algorithm", "con.")
+#: the kernel's release entry points (all in dpsql/kernel/boundary.py): each charges and
+#: reads data exactly where a point is
 _ENTRIES = {("Kernel", "release"): "_data_vector", ("Kernel", "release_per_query"): "_data_vector",
             ("Kernel", "release_adaptive"): "_data_vector",
             ("Kernel", "release_adaptive_metric"): "_data_vector",
-            (None, "release_marginals"): "engine.marginals"}
+            ("Kernel", "release_marginals"): "_clique_marginals"}
+#: the kernel's data reads (dpsql/kernel/data.py, the one module importing the engines): each
+#: makes its engine call, which a point covers
+_READS = {"_data_vector": "engine.data_vector", "_clique_marginals": "engine.marginals"}
+KERNEL = ROOT / "dpsql" / "kernel"
 
 
 def _calls(source: str, function: str, cls: str | None = None) -> set:
@@ -454,26 +459,46 @@ def _calls(source: str, function: str, cls: str | None = None) -> set:
     return {ast.unparse(n.func) for n in ast.walk(fn) if isinstance(n, ast.Call)}
 
 
-def _kernel_calls(source: str, function: str, cls: str | None) -> dict:
-    """The calls of ``function`` and of every function of the kernel module it reaches (a
-    module-level function called by name, a ``Kernel`` method called on ``self``), by
-    caller: ``{"Kernel.release": {...}, "release_marginals": {...}, ...}``."""
-    tree = ast.parse(source)
-    functions = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
-    methods = {n.name for c in tree.body if isinstance(c, ast.ClassDef) and c.name == "Kernel"
-               for n in c.body if isinstance(n, ast.FunctionDef)}
-    out, todo = {}, [(cls, function)]
+def _kernel_modules() -> dict:
+    """Each module of dpsql/kernel/ (by stem): its source, its module-level functions, its
+    classes' methods, and the names it imports from the other kernel modules."""
+    out = {}
+    for path in sorted(KERNEL.glob("*.py")):
+        source = path.read_text()
+        tree = ast.parse(source)
+        imported = {a.asname or a.name: (node.module.rsplit(".", 1)[1], a.name)
+                    for node in tree.body if isinstance(node, ast.ImportFrom)
+                    and (node.module or "").startswith("dpsql.kernel.") for a in node.names}
+        out[path.stem] = {
+            "source": source, "imported": imported,
+            "functions": {n.name for n in tree.body if isinstance(n, ast.FunctionDef)},
+            "methods": {c.name: {n.name for n in c.body if isinstance(n, ast.FunctionDef)}
+                        for c in tree.body if isinstance(c, ast.ClassDef)}}
+    return out
+
+
+def _kernel_calls(modules: dict, module: str, function: str, cls: str | None) -> dict:
+    """The calls of ``function`` and of every function of the kernel's modules it reaches (a
+    module-level function called by name, in its module or imported from another kernel
+    module; a method called on ``self``), by caller: ``{"boundary:Kernel.release": {...},
+    "data:_data_vector": {...}, ...}``."""
+    out, todo = {}, [(module, cls, function)]
     while todo:
-        owner, name = todo.pop()
-        key = f"{owner}.{name}" if owner else name
+        mod, owner, name = todo.pop()
+        key = f"{mod}:{owner}.{name}" if owner else f"{mod}:{name}"
         if key in out:
             continue
-        out[key] = found = _calls(source, name, owner)
+        here = modules[mod]
+        out[key] = found = _calls(here["source"], name, owner)
         for call in found:
-            if call in functions:
-                todo.append((None, call))
-            elif call.startswith("self.") and call[5:] in methods and owner == "Kernel":
-                todo.append(("Kernel", call[5:]))
+            if call in here["functions"]:
+                todo.append((mod, None, call))
+            elif call in here["imported"]:
+                other, target = here["imported"][call]
+                if target in modules[other]["functions"]:
+                    todo.append((other, None, target))
+            elif call.startswith("self.") and owner and call[5:] in here["methods"][owner]:
+                todo.append((mod, owner, call[5:]))
     return out
 
 
@@ -489,20 +514,29 @@ def test_every_call_of_the_path_is_a_known_step():
                                      f"{sorted(found - set(known))}; classified but gone: "
                                      f"{sorted(set(known) - found)}")
         assert {v for v in known.values() if v != PURE} <= names
-    kernel = (ROOT / "dpsql/kernel.py").read_text()
+    modules = _kernel_modules()
     reached = set()
     for (cls, method), reads in _ENTRIES.items():
-        by_caller = _kernel_calls(kernel, method, cls)
+        by_caller = _kernel_calls(modules, "boundary", method, cls)
         reached |= set(by_caller)
         for caller, found in by_caller.items():
             touching = {c for c in found if c.startswith(_TOUCHING)}
             assert touching <= set(_KERNEL), \
                 f"{caller} (from {method}): unclassified {sorted(touching - set(_KERNEL))}"
-        found = by_caller[f"{cls}.{method}" if cls else method]
+            # the engines are called from the data module only (as the contract imports)
+            assert caller.startswith("data:") or not any(c.startswith("engine.") for c in found), \
+                (caller, sorted(found))
+        found = by_caller[f"boundary:{cls}.{method}" if cls else f"boundary:{method}"]
         assert "ledger.charge" in found and reads in found, (method, sorted(found))
-    # the implicit section is reached from Kernel.release, with its helpers
-    assert {"release_marginals", "_measure_marginal", "_checked_laplace",
-            "_checked_gaussian", "_data_vector"} <= reached, sorted(reached)
+        # every entry draws its noise where the point covers it (after the charge and read)
+        assert any(_KERNEL.get(c) == "noise" for f in by_caller.values() for c in f), method
+    for read, call in _READS.items():
+        assert call in _calls(modules["data"]["source"], read), (read, call)
+    # the implicit section is reached from Kernel.release, with its helpers and the data reads
+    assert {"boundary:Kernel.release_marginals", "boundary:_measure_marginal",
+            "boundary:Kernel._noisy", "scales:_checked_marginal_scale",
+            "scales:_checked_laplace", "scales:_checked_gaussian", "data:_data_vector",
+            "data:_clique_marginals"} <= reached, sorted(reached)
     assert {v for v in _KERNEL.values() if v != PURE} <= names
 
 

@@ -244,10 +244,10 @@ def test_mwem_laplace_step_with_halved_scale_is_refused(db, monkeypatch):
 
 
 def test_mwem_selection_with_halved_sensitivity_is_refused(db, monkeypatch):
-    import dpsql.kernel as kernel
+    import dpsql.kernel.oracles as oracles
 
-    real = kernel.group_sensitivities
-    monkeypatch.setattr(kernel, "group_sensitivities", lambda *a: real(*a) / 2)
+    real = oracles.group_sensitivities
+    monkeypatch.setattr(oracles, "group_sensitivities", lambda *a: real(*a) / 2)
     _refused_after_charge(db, "MWEM selection", MWEM_BATCH, "exponential", **MWEM)
 
 

@@ -217,6 +217,7 @@ def test_mechanisms_never_touch_the_ledger_tables_or_kernel(module):
             imported.update(a.name for a in node.names)
     assert not imported & {"dpsql.store.ledger", "dpsql.store.database", "dpsql.kernel",
                            "dpsql.engines.duckdb", "dpsql.store.results.build_columns"}
+    assert not {m for m in imported if m.startswith("dpsql.kernel.")}   # its modules too
 
 
 def test_every_metric_epsilon_is_exact(db):

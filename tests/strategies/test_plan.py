@@ -9,7 +9,8 @@ import pytest
 import scipy.sparse as sp
 
 from dpsql.errors import StrategyError
-from dpsql.kernel import Kernel, _on_grid
+from dpsql.kernel.boundary import Kernel
+from dpsql.kernel.scales import _on_grid
 from dpsql.workload.matrix import Plan, exact_l2_sensitivity, l2_sensitivity, make_plan
 
 

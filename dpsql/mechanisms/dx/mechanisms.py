@@ -36,7 +36,7 @@ exponential mechanism over every histogram ``y`` of ``m`` records on the cells, 
 :data:`MAX_SMALLDB_CANDIDATES`. Scores are computed exactly (integers scaled by ``m``).
 
 **MWEM** (Algorithm 2, Theorem 4) is :func:`dpsql.mechanisms.mwem.core.run_mwem` against the kernel's
-metric oracle (:class:`dpsql.kernel.MetricMeasureOracle`), whose selection is this
+metric oracle (:class:`dpsql.kernel.metric_oracle.MetricMeasureOracle`), whose selection is this
 exponential mechanism and whose measurement is d_X Laplace with ``b = c_R/ε_i``.
 
 Public inputs only: no data is read here (the kernel applies :func:`smalldb_scores` to the
