@@ -32,7 +32,8 @@ from dpsql.sql.compile import Workload
 from dpsql.store import database as engine
 from dpsql.store import ledger, readback
 from dpsql.store.results import Explanation, Release, ResultTable
-from dpsql.request import CONNECTION_SETTINGS, SETTINGS, Request
+from dpsql.request.declared import CONNECTION_SETTINGS, SETTINGS
+from dpsql.request.value import Request
 
 __all__ = ["InterruptedAfterRelease", "Session", "connect", "request_matches"]
 

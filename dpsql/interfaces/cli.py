@@ -36,13 +36,13 @@ from dpsql.errors import (DpsqlError, RequestCancelled, Terminated,
 from dpsql.interfaces.exits import Parser, epilog, guarded, lock_notice, read_script
 from dpsql.interfaces.output import (ScriptOutput, budget_json, budget_table, csv_directory,
                                      ledger_json, ledger_table)
-from dpsql.request import CONNECTION_SETTINGS, given, settings_for
+from dpsql.request.declared import CONNECTION_SETTINGS, given, settings_for
 from dpsql.workload import limits as planning
 
 
 def _privacy_args(p: argparse.ArgumentParser) -> None:
     """One option per setting the declaration exposes to the command line
-    (:data:`dpsql.request.SETTINGS`); values are parsed after argparse, with the declared
+    (:data:`dpsql.request.declared.SETTINGS`); values are parsed after argparse, with the declared
     parsers, so a bad one is one line on stderr like every other refusal."""
     for setting in settings_for("cli"):
         p.add_argument(setting.flag, **setting.argparse_options())
@@ -55,7 +55,7 @@ OPENING = ("lock_timeout",)
 
 def _connection_args(p: argparse.ArgumentParser, names: tuple | None = None) -> None:
     """The connection settings the declaration exposes to the command line
-    (:data:`dpsql.request.CONNECTION_SETTINGS`; only ``names`` when given)."""
+    (:data:`dpsql.request.declared.CONNECTION_SETTINGS`; only ``names`` when given)."""
     for setting in settings_for("cli", CONNECTION_SETTINGS):
         if names is None or setting.name in names:
             p.add_argument(setting.flag, **setting.argparse_options())

@@ -35,7 +35,8 @@ from dpsql import errors as dp
 from dpsql.session import InterruptedAfterRelease, Session
 from dpsql.sql.marker import WorkloadBlock, has_marker, notice_discarded, pieces, walk
 from dpsql.sql.parse import split_statements
-from dpsql.request import CONNECTION_SETTINGS, Request, settings_for
+from dpsql.request.declared import CONNECTION_SETTINGS, settings_for
+from dpsql.request.value import Request
 from dpsql.workload import limits as planning
 
 apilevel = "2.0"
@@ -276,7 +277,7 @@ class _Template:
 # --------------------------------------------------------------------------- connection
 
 def _validated(settings: dict) -> dict:
-    """The settings, checked together as one :class:`~dpsql.request.Request` (all or
+    """The settings, checked together as one :class:`~dpsql.request.value.Request` (all or
     nothing; every setting with its declared parser). Numbers are kept as given (a
     connection reads back the 0.1 it was set to); the others as the parser normalised
     them (a strategy spec stripped, a model in lower case)."""
@@ -296,9 +297,9 @@ def connect(database, **settings) -> "Connection":
     """``connect(database, *, epsilon, delta, ...)``: a connection whose every execute
     charges (epsilon, delta) or asks by an accuracy target; change the settings in between
     (attributes or :meth:`Connection.configure`). The keywords are the declared settings
-    (:data:`dpsql.request.SETTINGS` exposed to ``dbapi``: epsilon, target_rmse, max_stderr,
+    (:data:`dpsql.request.declared.SETTINGS` exposed to ``dbapi``: epsilon, target_rmse, max_stderr,
     delta, strategy, calibration, model, nonnegative, integer, reuse, confirm) and the
-    connection's own (:data:`dpsql.request.CONNECTION_SETTINGS`: lock_timeout, create,
+    connection's own (:data:`dpsql.request.declared.CONNECTION_SETTINGS`: lock_timeout, create,
     max_memory, time_limit).
     ``delta=0`` is pure epsilon-DP; ``model="metric"`` charges epsilon per unit distance
     to the table's metric (d_X) budget. Accuracy first: ``target_rmse`` or ``max_stderr``

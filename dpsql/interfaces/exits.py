@@ -17,7 +17,7 @@ import sys
 import threading
 from typing import Callable
 
-from dpsql.request import CONNECTION_SETTINGS
+from dpsql.request.declared import CONNECTION_SETTINGS
 from dpsql.errors import (EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, InputFileError, Terminated,
                           UsageError, exit_status, exit_statuses_text, one_line,
                           read_input_file)

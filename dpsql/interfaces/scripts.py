@@ -70,7 +70,8 @@ from dpsql.errors import BudgetExceededError, DpsqlError, PolicyError, show_exac
 from dpsql.store.results import Explanation, Release
 from dpsql.session import InterruptedAfterRelease, Session, request_matches
 from dpsql.release.support import _flags
-from dpsql.request import ASKS, MODELS, check_asks, check_strategy, settings_for
+from dpsql.request.declared import ASKS, check_asks, settings_for
+from dpsql.request.rules import MODELS, check_strategy
 from dpsql.sql.script import Script, ScriptError, ScriptWorkload, Statement
 from dpsql.sql.script import parse_script as _parse_script
 

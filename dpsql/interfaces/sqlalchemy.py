@@ -5,7 +5,7 @@
 
 A thin dialect over the DB-API driver (:mod:`dpsql.interfaces.dbapi`), in the manner of
 duckdb_engine: every execute is one charged release under the URL's settings (the query
-string's names are the declared settings, parsed from text by :data:`dpsql.request.SETTINGS`
+string's names are the declared settings, parsed from text by :data:`dpsql.request.declared.SETTINGS`
 as a script's ``SET`` would be). The inspector is answered from public metadata only:
 protected tables with their declared columns and types, and the result tables dpsql wrote.
 Transactions do not exist (every release is committed before its answers are returned):
@@ -18,7 +18,7 @@ from __future__ import annotations
 from sqlalchemy import types as sqltypes
 from sqlalchemy.engine import default
 
-from dpsql.request import CONNECTION_SETTINGS, SETTINGS
+from dpsql.request.declared import CONNECTION_SETTINGS, SETTINGS
 from dpsql.store.database import table_columns
 from dpsql.store.ledger import entries, is_result_table
 

@@ -34,11 +34,11 @@ from dpsql.release.support import _flags
 @dataclass(frozen=True)
 class Ask:
     """A request as the release path and the mechanisms see it: the validated
-    :class:`~dpsql.request.Request` (the one settings value; every check on the settings
+    :class:`~dpsql.request.value.Request` (the one settings value; every check on the settings
     ran when it was built) and whether it is released or only explained. ``dpsql.request``
     sits above this layer (the session builds the Request), so it is read, not imported."""
 
-    request: object                  # a dpsql.request.Request, already validated
+    request: object                  # a dpsql.request.value.Request, already validated
     release: bool = True             # False: explain (plan only, nothing is prepared)
 
     @property

@@ -22,7 +22,7 @@ from dpsql.sql.parse import split_statements
 from dpsql.sql.refusals import _position
 
 #: the fields of a workload that hold an accuracy target (the declaration's targets:
-#: :data:`dpsql.request.TARGETS`, which the settings' tests check against)
+#: :data:`dpsql.request.declared.TARGETS`, which the settings' tests check against)
 TARGETS = ("target_rmse", "max_stderr")
 
 
@@ -118,7 +118,7 @@ def parse_script(text: str, *, declared: dict, defaults: dict | None = None,
                  release: str | None = None) -> Script:
     """Split a script into workloads with their settings and release names (no database).
 
-    ``declared``: the settings a script may set, by name (:data:`dpsql.request.SETTINGS`
+    ``declared``: the settings a script may set, by name (:data:`dpsql.request.declared.SETTINGS`
     exposed to ``script``): each has a ``kind`` (``number``, ``flag``, ``text``), a
     ``default``, ``ask`` (epsilon and the accuracy targets) and ``parse(text, "script")``,
     the one parser every interface shares. ``defaults``: the caller's values, already

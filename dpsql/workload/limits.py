@@ -14,7 +14,7 @@ predictions with measured peaks (``benchmarks/results/limits.txt``).
 
 The limits are :class:`Limits` values; the current one is a context variable, set by
 :func:`applied` (the DB-API connection's ``max_memory`` / ``time_limit``, declared in
-:data:`dpsql.request.CONNECTION_SETTINGS`) and read by the planning code with
+:data:`dpsql.request.declared.CONNECTION_SETTINGS`) and read by the planning code with
 :func:`current`.
 """
 

@@ -16,8 +16,9 @@ from dpsql.interfaces.shell import app as shell_app
 from dpsql.interfaces.shell.executor import Executor, NoTerminal
 from dpsql.interfaces.shell.settings import ShellState
 from dpsql.noise.accounting import _ASCII_NUMBER as _NUMBER  # the one grammar of typed numbers
-from dpsql.request import (CONNECTION_SETTINGS, INTERFACES, SETTINGS, TARGETS, Request,
-                           settings_for)
+from dpsql.request.declared import CONNECTION_SETTINGS, SETTINGS, TARGETS, settings_for
+from dpsql.request.setting import INTERFACES
+from dpsql.request.value import Request
 from dpsql.sql import script as sql_script
 
 from ..conftest import make_adult_db
@@ -331,16 +332,20 @@ def _per_setting_literals(s) -> list[str]:
             f'"{s.name}": parse_', f'"{s.name}": "\\\\set {s.name}', f"def parse_{s.name}("]
 
 
-def test_settings_are_declared_only_in_request_py():
+DECLARED = ROOT / "dpsql" / "request" / "declared.py"
+
+
+def test_settings_are_declared_only_in_request_declared_py():
     found = []
     for path in INTERFACE_FILES:
         text = path.read_text(encoding="utf-8")
         for s in (*SETTINGS.values(), *CONNECTION_SETTINGS.values()):
             found += [f"{path.relative_to(ROOT)}: {lit}" for lit in _per_setting_literals(s)
                       if lit in text]
-    assert found == [], "per-setting declarations outside dpsql/request.py:\n" + "\n".join(found)
+    assert found == [], ("per-setting declarations outside dpsql/request/declared.py:\n"
+                         + "\n".join(found))
     # the grep does see such literals where they are (so it would see them come back)
-    declared = (ROOT / "dpsql" / "request.py").read_text(encoding="utf-8")
+    declared = DECLARED.read_text(encoding="utf-8")
     assert 'Setting("epsilon", "number"' in declared
     assert any(lit in 'p.add_argument("--epsilon", type=float)'
                for lit in _per_setting_literals(SETTINGS["epsilon"]))

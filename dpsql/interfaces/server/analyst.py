@@ -2,7 +2,7 @@
 
 Every release goes through :class:`dpsql.dbapi.Cursor` (one ``execute`` = one workload =
 one charge; the driver's settings are this connection's ``SET dpsql.*`` values, parsed by
-the one declaration, :data:`dpsql.request.SETTINGS`). Around it the server adds what an
+the one declaration, :data:`dpsql.request.declared.SETTINGS`). Around it the server adds what an
 account needs: the table must be granted, the analyst's allowance is reserved in the
 journal before the release and settled after it, the result tables become the analyst's
 own. Everything else (catalog, own results, budget) is answered by the shadow catalog,
@@ -30,7 +30,7 @@ from dpsql.interfaces.server.catalog import PublicViews
 from dpsql.interfaces.server.results import Failure, Notice, Result
 from dpsql.interfaces.server.shadow import Shadow
 from dpsql.release.support import InterruptedAfterRelease
-from dpsql.request import SETTINGS, settings_for
+from dpsql.request.declared import SETTINGS, settings_for
 from dpsql.sql import marker
 
 #: the command tag of each marker (PostgreSQL's)

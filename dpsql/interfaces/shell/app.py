@@ -18,7 +18,7 @@ import sys
 
 from dpsql.errors import InputFileError
 from dpsql.interfaces.exits import Parser, epilog, guarded, lock_notice, read_script
-from dpsql.request import CONNECTION_SETTINGS, given, settings_for
+from dpsql.request.declared import CONNECTION_SETTINGS, given, settings_for
 from dpsql.workload import limits as planning
 
 

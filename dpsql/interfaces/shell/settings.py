@@ -18,10 +18,10 @@ from fractions import Fraction
 from dpsql.errors import show_exact  # noqa: F401  (re-exported for the shell modules)
 
 from dpsql.errors import DpsqlError, PrivacyParameterError
-from dpsql.request import ASKS, check_asks, settings_for
+from dpsql.request.declared import ASKS, check_asks, settings_for
 
 #: the settings the shell exposes (``\set NAME VALUE`` and ``dpsql shell --NAME VALUE``),
-#: in the order ``\set`` lists them: all declared in :data:`dpsql.request.SETTINGS`
+#: in the order ``\set`` lists them: all declared in :data:`dpsql.request.declared.SETTINGS`
 DECLARED = {s.name: s for s in settings_for("shell")}
 SETTINGS = tuple(DECLARED)
 TARGETS = tuple(k for k in ASKS[1:] if k in DECLARED)
