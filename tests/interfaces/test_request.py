@@ -349,3 +349,12 @@ def test_settings_are_declared_only_in_request_declared_py():
     assert 'Setting("epsilon", "number"' in declared
     assert any(lit in 'p.add_argument("--epsilon", type=float)'
                for lit in _per_setting_literals(SETTINGS["epsilon"]))
+
+
+def test_each_setting_has_one_row_in_declared_py():
+    rows = {path: path.read_text(encoding="utf-8") for path in (ROOT / "dpsql").rglob("*.py")}
+    for s in (*SETTINGS.values(), *CONNECTION_SETTINGS.values()):
+        row = f'Setting("{s.name}", "{s.kind}"'
+        where = {path.relative_to(ROOT): text.count(row) for path, text in rows.items()
+                 if row in text}
+        assert where == {DECLARED.relative_to(ROOT): 1}, (s.name, where)
