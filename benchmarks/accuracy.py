@@ -6,7 +6,7 @@ For the strategy benchmark's workloads and ε ∈ {0.1, 0.5, 1, 4} at δ = 1e-6 
 Gaussian strategy's expected workload RMSE (dpsql's analytic calibration with the sampler's
 grid slack, exactly as releases use), the best Laplace strategy's (pure ε, L1 sensitivity,
 ``dpsql.noise.laplace.laplace_scale``), and what ``auto`` picks: the smaller of the two, by the
-same code path as :func:`dpsql.mechanisms.matrix.select` (``noise_scale`` on each candidate's plan;
+same code path as :func:`dpsql.mechanisms.selection.select` (``noise_scale`` on each candidate's plan;
 the error factor ``tr(V (AᵀA)⁺)`` is computed once per plan, as the plans do not depend on ε).
 The last column checks the claim that ``auto`` is never worse than either family. Expected
 errors are exact (no simulation); a benchmark, not a test: it always exits 0.

@@ -67,7 +67,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import dpsql  # noqa: E402
-from dpsql.mechanisms import matrix as selection
+from dpsql.mechanisms import matrix
 from dpsql.sql.compile import compile_workload  # noqa: E402
 from dpsql.sql.parse import parse_batch  # noqa: E402
 from dpsql.workload.matrix import exact_l1_sensitivity  # noqa: E402
@@ -138,13 +138,13 @@ def dp_auto(db, sql: list[str]):
     out = []
     for c in expl.candidates:
         if math.isfinite(c.rmse) and c.plan is not None:
-            variance = selection.noise_scale("laplace", c.plan, 1.0, 0, "analytic")[1]
+            variance = matrix.noise_scale("laplace", c.plan, 1.0, 0, "analytic")[1]
             out.append((c.strategy, c.plan, c.rmse ** 2 / variance))
     return time.perf_counter() - started, out
 
 
 def dp_auto_rmse(candidates, eps: float) -> tuple[str, float]:
-    best = min((factor * selection.noise_scale("laplace", plan, eps, 0, "analytic")[1], name)
+    best = min((factor * matrix.noise_scale("laplace", plan, eps, 0, "analytic")[1], name)
                for name, plan, factor in candidates)
     return best[1], math.sqrt(best[0])
 

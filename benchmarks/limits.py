@@ -3,7 +3,7 @@
     python benchmarks/limits.py [--max-seconds S]
 
 For growing batches, the planning step of every candidate strategy (plan + least-squares
-error factors: :func:`dpsql.mechanisms.matrix.evaluate`) and the singular value bound are
+error factors: :func:`dpsql.mechanisms.selection.evaluate`) and the singular value bound are
 run on their own, each with a fresh ``V``, and compared with the prediction
 :mod:`dpsql.mechanisms.fit` makes from the batch's size before any numerics:
 
@@ -46,7 +46,7 @@ sys.path.insert(0, ROOT)
 
 from dpsql import cancel  # noqa: E402
 from dpsql.errors import BatchTooLarge  # noqa: E402
-from dpsql.mechanisms import fit, matrix  # noqa: E402
+from dpsql.mechanisms import fit, halfwidths, matrix, selection  # noqa: E402
 from dpsql.policy.policy import load_policy  # noqa: E402
 from dpsql.errors import DpsqlError  # noqa: E402
 from dpsql.sql.compile import (MAX_NONZEROS, ColumnPartition, Output, Workload,  # noqa: E402
@@ -129,14 +129,14 @@ def row(label: str, what: str, cost: planning.Cost, max_seconds: float, step) ->
 
 
 def case(label: str, workload: Workload, max_seconds: float) -> None:
-    names = matrix.requested(_Policy, 1e-6, "auto")
+    names = selection.requested(_Policy, 1e-6, "auto")
     print(f"{label}: n = {workload.n_cells:,} cells, m = {workload.n_queries:,} queries, "
           f"nnz = {workload.W.nnz:,}; auto under the default limits: {auto(workload, names)}")
     fresh(workload)
     cost = planning.bound_cost(workload.n_cells, workload.n_queries, workload.W.nnz,
                                planning.gram_ops(workload.W))
     row(label, "svdb", cost, max_seconds,
-        lambda: (fresh(workload), matrix.svdb(matrix.workload_info(workload))))
+        lambda: (fresh(workload), halfwidths.svdb(matrix.workload_info(workload))))
     seen = set()
     for family, name, strategy in names:
         if (name, type(strategy)) in seen or family == "laplace" and name != "eigen":
@@ -146,7 +146,7 @@ def case(label: str, workload: Workload, max_seconds: float) -> None:
         cost = fit.predicted(workload, family, name, strategy)
         row(label, f"{name}/{family[:5]}", cost, max_seconds,
             lambda: (fresh(workload),
-                     matrix.evaluate(None, family, name, strategy, workload, False)))
+                     selection.evaluate(None, family, name, strategy, workload, False)))
 
 
 def auto(workload: Workload, names) -> str:
@@ -164,7 +164,7 @@ class _Policy:
 
 def refusal_points() -> None:
     """All ranges over n parts (m = n(n+1)/2, nnz = n(n+1)(n+2)/6), predicted only."""
-    names = matrix.requested(_Policy, 1e-6, "auto")
+    names = selection.requested(_Policy, 1e-6, "auto")
     limits = planning.current()
     print(f"\nrefusal points of all-range workloads under the default limits "
           f"({limits.describe()}), predicted:")
@@ -215,7 +215,7 @@ def whole_requests(policies, max_seconds: float) -> int:
         db.protect("adult", POLICY)
     print(f"{'request':<12} {'n':>8} {'m':>8} {'pred MiB':>9} {'peak MiB':>9} {'ratio':>6} "
           f"{'pred s':>8} {'cpu s':>8} {'ratio':>6}  kept")
-    names = matrix.requested(_Policy, 1e-6, "auto")
+    names = selection.requested(_Policy, 1e-6, "auto")
     for k in range(2, len(CUBE_COLUMNS)):
         workload = cube(k, policies)
         cols = ", ".join(CUBE_COLUMNS[:k])
@@ -300,7 +300,7 @@ def calibrate(sizes) -> None:
     batches reported below; prints :data:`dpsql.workload.limits.TIME_FIT`."""
     from scipy.optimize import nnls
 
-    names = matrix.requested(_Policy, 1e-6, "auto")
+    names = selection.requested(_Policy, 1e-6, "auto")
     samples: dict = {}
     for k, size in enumerate(sizes):
         w = synthetic(*size, seed=k) if len(size) == 2 and size[0] > 16 else \
@@ -308,7 +308,7 @@ def calibrate(sizes) -> None:
         (m, n) = w.W.shape
         fresh(w)
         kk = min(n, m)
-        _, t = measured(lambda: matrix.svdb(matrix.workload_info(w)), trace=False)
+        _, t = measured(lambda: halfwidths.svdb(matrix.workload_info(w)), trace=False)
         samples.setdefault("svdb", []).append(
             (planning.time_features(kk ** 3, planning.gram_ops(w.W), m * n, w.W.nnz), t))
         seen = set()
@@ -318,7 +318,7 @@ def calibrate(sizes) -> None:
                 continue
             seen.add(key)
             fresh(w)
-            _, t = measured(lambda: matrix.evaluate(None, family, name, strategy, w, False),
+            _, t = measured(lambda: selection.evaluate(None, family, name, strategy, w, False),
                             trace=False)
             nnz = w.W.nnz
             features = (planning.time_features(0, 0, 0, nnz) if key == "identity" else

@@ -56,7 +56,7 @@ For each ε ∈ {0.01, 0.05, 0.1, 0.5, 1} the table shows the average squared er
   would permit exact release of individual records"). The "MWEM wins?" column compares
   with this bound;
 - **svdb pure ε**: the same bound with Laplace noise, ``2/ε²`` per unit of sensitivity
-  (:func:`dpsql.mechanisms.matrix.bound_rmse`): no pure-DP matrix-mechanism strategy beats it;
+  (:func:`dpsql.mechanisms.halfwidths.bound_rmse`): no pure-DP matrix-mechanism strategy beats it;
 - the **best data-independent pure-DP strategy dpsql offers**: every candidate ``auto``
   compares under δ = 0 (dpsql's Laplace family: identity, workload, hierarchical, wavelet,
   fourier, eigen — skipped where it does not apply, with the reason printed), its *expected*
@@ -64,7 +64,7 @@ For each ε ∈ {0.01, 0.05, 0.1, 0.5, 1} the table shows the average squared er
   from the Gram matrix ``WᵀW = [(min(i,j)+1)(n − max(i,j))]`` (no W needed); svdb there
   from its closed-form spectrum ``λ_k = (n+1) / (4 sin²(kπ / (2(n+1))))`` (``WᵀW`` is
   ``n + 1`` times the inverse of the Dirichlet second-difference matrix; checked against a
-  dense eigendecomposition at n = 300). (c) through :func:`dpsql.mechanisms.matrix.select`.
+  dense eigendecomposition at n = 300). (c) through :func:`dpsql.mechanisms.selection.select`.
 
 Simulation. MWEM runs against :class:`dpsql.kernel.oracles.MeasureOracle` — the kernel's own
 oracle class — holding the true data vector, with :class:`dpsql.noise.samplers.SeededTestSampler` (seeded
@@ -129,7 +129,8 @@ sys.path.insert(0, str(ROOT))
 import dpsql  # noqa: E402
 from dpsql.mechanisms import catalog as adaptive
 from dpsql.engines import duckdb as data_engine
-from dpsql.mechanisms import matrix as selection
+from dpsql.mechanisms import halfwidths, matrix, selection
+from dpsql.strategies import bounds  # noqa: E402
 from dpsql.workload.categorical import CategoricalDomain  # noqa: E402
 from dpsql.workload.ordered import IntegerDomain  # noqa: E402
 from dpsql.errors import StrategyError  # noqa: E402
@@ -273,7 +274,7 @@ def all_ranges_svdb(n: int) -> float:
 
 
 def check_closed_form(n: int = 300) -> None:
-    dense = selection.bounds.svdb(all_ranges_gram(n))
+    dense = bounds.svdb(all_ranges_gram(n))
     if abs(all_ranges_svdb(n) / dense - 1) > 1e-9:
         raise SystemExit(f"closed-form svdb {all_ranges_svdb(n)} != dense {dense}")
 
@@ -314,7 +315,7 @@ class Case:
         self.describe = describe
 
     def best_independent(self, eps: float) -> tuple[str, float]:
-        mses = [(factor * selection.noise_scale("laplace", plan, eps, 0, "analytic")[1], i, name)
+        mses = [(factor * matrix.noise_scale("laplace", plan, eps, 0, "analytic")[1], i, name)
                 for i, (name, plan, factor) in enumerate(self.candidates)]
         mse, _, name = min(mses)            # ties: auto's order (identity first)
         return name, mse
@@ -323,7 +324,7 @@ class Case:
         return 2.0 * math.log(2.0 / DELTA_PAPER) / eps ** 2 * self.svdb / self.m
 
     def svdb_pure(self, eps: float) -> float:
-        return selection.bound_rmse("laplace", eps, 0, "analytic", self.svdb, self.m) ** 2
+        return halfwidths.bound_rmse("laplace", eps, 0, "analytic", self.svdb, self.m) ** 2
 
     def mwem_mse(self, eps: float, rounds: int, seed: int, **options) -> float:
         oracle = MeasureOracle(self.xs, SeededTestSampler(seed), Fraction(repr(eps)))
@@ -360,10 +361,10 @@ def build_b(con, policy, independents: bool = True) -> Case:
     (workload, _), = compiled
     xs = [data_vector(con, policy, [(p.column, p.unit_to_part) for p in workload.partitions],
                       workload.n_cells)]
-    info = selection.workload_info(workload)
+    info = matrix.workload_info(workload)
     cands, skipped = independent(info) if independents else ([], [])
     return Case(B_LABEL, blocks, xs, [blocks[0].W @ xs[0]],
-                workload.n_queries, workload.n_cells, selection.svdb(info), cands,
+                workload.n_queries, workload.n_cells, halfwidths.svdb(info), cands,
                 skipped, {"replay": REPLAY, "measure": "query"}, ROUNDS,
                 describe=f"{N_RECT} random rectangles (seed {RECT_SEED}), compiled "
                          f"to shape {workload.shape}")
@@ -385,7 +386,7 @@ def b_subset(case: Case, k: int) -> Case:
         raise SystemExit("unexpected (b) block: single-query candidates over 2000 rows needed")
     W = sp.csr_matrix(block.W[:k])
     lam = np.linalg.eigvalsh((W @ W.T).toarray())
-    svdb_total = selection.bounds.svdb_from_eigenvalues(lam, case.n)
+    svdb_total = bounds.svdb_from_eigenvalues(lam, case.n)
     if k == N_RECT and abs(svdb_total / case.svdb - 1) > 1e-6:
         raise SystemExit(f"svdb of all {k} rows {svdb_total} != (b)'s {case.svdb}")
     return Case(f"{case.label.split()[0]} {k} rectangles",
@@ -476,7 +477,7 @@ def build_cases(con, policy, quick: bool) -> list:
     cands, skipped = independent(info)
     lam = np.linalg.eigvalsh((W @ W.T).toarray())
     cases.append(Case("(a') capital_loss 2000 ranges", [Block(W, [], n)], [x], [W @ x],
-                      W.shape[0], n, selection.bounds.svdb_from_eigenvalues(lam, n), cands,
+                      W.shape[0], n, bounds.svdb_from_eigenvalues(lam, n), cands,
                       skipped, {"replay": REPLAY, "measure": "query"}, ROUNDS,
                       describe=f"{N_RANGES} random ranges (seed {RANGE_SEED}) on unit cells"))
     print(f"  (a') built in {time.perf_counter() - started:.1f}s", flush=True)
@@ -503,12 +504,12 @@ def build_cases(con, policy, quick: bool) -> list:
         if not math.isfinite(c.rmse):
             skipped.append(f"{c.strategy}: {c.note.split(';')[0]}")
             continue
-        variance = selection.noise_scale("laplace", c.plan, 1.0, 0, "analytic")[1]
+        variance = matrix.noise_scale("laplace", c.plan, 1.0, 0, "analytic")[1]
         cands.append((c.strategy, c.plan, c.rmse ** 2 / variance))
     case = Case("(c) 2-way marginals, 6 cols", blocks, xs,
                 [np.asarray(b.W @ x, dtype=float) for b, x in zip(blocks, xs)],
                 workload.n_queries, workload.n_cells,
-                selection.svdb(selection.workload_info(workload)), cands, skipped,
+                halfwidths.svdb(matrix.workload_info(workload)), cands, skipped,
                 {"cuboids": True, "replay": 30, "measure": "query"}, (5, 10, 20),
                 describe=f"15 GROUP BY marginals, shape {workload.shape}")
     name, mse = case.best_independent(0.1)          # rescaled == a direct select at ε=0.1
@@ -596,7 +597,7 @@ def build_defaults_cases(con, policy) -> list:
     W = range_rows(lo, hi, n)
     lam = np.linalg.eigvalsh((W @ W.T).toarray())
     a = Case("(a') capital_loss 2000 ranges", [Block(W, [], n)], [x], [W @ x], W.shape[0], n,
-             selection.bounds.svdb_from_eigenvalues(lam, n), [], [],
+             bounds.svdb_from_eigenvalues(lam, n), [], [],
              {"replay": REPLAY, "measure": "query"}, ROUNDS)
     return [a, build_b(con, policy, independents=False)]
 

@@ -1,6 +1,6 @@
 """Which candidates fit the planning limits: checked from sizes before any heavy numerics.
 
-:func:`screen` runs first in :func:`dpsql.mechanisms.matrix.select`, before the singular
+:func:`screen` runs first in :func:`dpsql.mechanisms.selection.select`, before the singular
 value bound (an eigendecomposition) or any strategy is planned. It predicts each
 candidate's peak memory and time from the batch's size (:mod:`dpsql.workload.limits`) and
 skips the ones over the current limits (``explain`` lists them with the limit they

@@ -1,6 +1,6 @@
 """Strategy selection for batches compiled to Kronecker blocks (issue 16), public inputs only.
 
-:func:`select` is :func:`dpsql.mechanisms.matrix.select` for an
+:func:`select` is :func:`dpsql.mechanisms.selection.select` for an
 :class:`~dpsql.sql.implicit.ImplicitWorkload`: it plans the structured candidates, prices
 them with the kernel's own sensitivity (:func:`dpsql.workload.marginals.
 computed_l2_sensitivity`) and reports each one's RMSE and its ratio to the singular value
@@ -225,7 +225,7 @@ def select(policy, workload, eps, dlt, calibration: str, reuse: bool = False):
     blocks do not combine yet: explain says so (the answers are what they would be)."""
     check_limits(workload)
     total, note = bound_total(workload)
-    from dpsql.mechanisms.matrix import bound_rmse
+    from dpsql.mechanisms.halfwidths import bound_rmse
 
     choices = [MarginalsChoice(workload)]
     if dlt > 0 and policy.delta > 0:

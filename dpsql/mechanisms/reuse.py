@@ -403,15 +403,16 @@ def decide(con, policy, workload, records, eps, dlt, strategy, calibration,
     the target); every answer then combines old and new measurements."""
     from dataclasses import replace
 
-    from dpsql.mechanisms import matrix as selection
+    from dpsql.mechanisms import selection
     from dpsql.mechanisms import tight
+    from dpsql.mechanisms.target import smallest_epsilon
 
     def fresh(wl):
         if target is None:
             return Fraction(eps), selection.select(con, policy, wl, eps, dlt, strategy,
                                                    calibration, objective)
-        return selection.smallest_epsilon(con, policy, wl, dlt, strategy, calibration,
-                                          target, objective)
+        return smallest_epsilon(con, policy, wl, dlt, strategy, calibration, target,
+                                objective)
 
     pool = Pool(policy, workload, records) if records else None
     if pool is None or not pool.records:

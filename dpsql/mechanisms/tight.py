@@ -1,6 +1,6 @@
 """Accuracy first over past releases: the smallest ε whose *combined* error meets a target.
 
-:func:`dpsql.mechanisms.matrix.smallest_epsilon` finds the smallest ε at which the rows still
+:func:`dpsql.mechanisms.target.smallest_epsilon` finds the smallest ε at which the rows still
 to be measured meet an accuracy target *on their own*. With reuse, those rows are then
 answered by generalised least squares over the old measurements *and* the new ones, so
 their error is smaller than the new measurement's alone: the analyst would pay for accuracy
@@ -29,7 +29,8 @@ _MAX_STEPS = 40
 def _combined(pool, workload, best, record_for, eps, dlt, calibration,
               objective: str) -> float:
     """The batch's combined error (``objective``) with the new measurement at ``eps``."""
-    from dpsql.mechanisms.matrix import _metric, noise_scale
+    from dpsql.mechanisms.matrix import noise_scale
+    from dpsql.mechanisms.selection import _metric
 
     scale, _ = noise_scale(best.mechanism, best.plan, eps, dlt, calibration)
     variance = pool.trial(record_for(best, scale), workload.W).variance
@@ -44,7 +45,7 @@ def combined_epsilon(pool, workload, new, eps, dlt, calibration, target: float,
     at the lower ε; ``record_for(candidate, scale)`` is the new measurement's record (the
     pool's kind, :func:`dpsql.mechanisms.reuse.record_of`). Unchanged when the pool cannot take the new measurement, or when the
     selection at the lower ε picks another strategy (the standalone answer then stands)."""
-    from dpsql.mechanisms.matrix import _round_up
+    from dpsql.mechanisms.target import _round_up
     from dpsql.noise.accounting import MIN_EPSILON
 
     best = next(c for c in new.candidates

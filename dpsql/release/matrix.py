@@ -1,5 +1,5 @@
 """The matrix mechanism as a release-path mechanism: Gaussian or Laplace noise on a selected
-strategy (:mod:`dpsql.mechanisms.matrix`), combined with past releases' measurements or
+strategy (:mod:`dpsql.mechanisms.selection`), combined with past releases' measurements or
 answered from them alone (:mod:`dpsql.mechanisms.reuse`), at a given ε or at the smallest ε
 that meets an accuracy target. Public inputs only until ``measure``."""
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from dpsql.errors import DpsqlError
 from dpsql.inference.least_squares import LeastSquares, consistent
-from dpsql.mechanisms import matrix as selection
+from dpsql.mechanisms import halfwidths
 from dpsql.mechanisms import reuse as reuse_mod
 from dpsql.noise.accounting import PrivacyCost
 from dpsql.noise.gaussian import rounding_slack, zcdp_rho
@@ -98,7 +98,7 @@ class MatrixPlan(Plan):
     def _halfwidths(self, con):
         d = self.decision
         if d.pool is None:
-            return selection.interval_halfwidths(con, self.explanation, self.solver,
+            return halfwidths.interval_halfwidths(con, self.explanation, self.solver,
                                                  self.workload)
         return d.pool.halfwidths(self.workload.W, self.explanation.stderr ** 2)
 

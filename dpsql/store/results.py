@@ -6,7 +6,7 @@ column), ``grouping_id`` when the statement has several grouping sets (bit i set
 i-th key column is rolled up, as DuckDB's ``GROUPING()``), then the noisy ``count``, its exact
 ``stderr`` and the 95% interval ``ci_low``/``ci_high`` (Gaussian noise: normal, the answers
 are linear in the noise; Laplace noise: a bound on the quantile of the Laplace sum, see
-:func:`dpsql.mechanisms.matrix.interval_halfwidths`). ``dpsql.release_tables`` links every table to its ledger entry.
+:func:`dpsql.mechanisms.halfwidths.interval_halfwidths`). ``dpsql.release_tables`` links every table to its ledger entry.
 """
 
 from __future__ import annotations

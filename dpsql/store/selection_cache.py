@@ -1,7 +1,7 @@
 """The selection cache: every candidate's ε-free results for a workload, in the database.
 
 A repeated request (same workload, same candidates) should not redo what
-:func:`dpsql.mechanisms.matrix.select` computed the first time: the singular value bound (an
+:func:`dpsql.mechanisms.selection.select` computed the first time: the singular value bound (an
 eigendecomposition), every candidate's plan and least-squares factorisation, its error
 factors. All of those are public (functions of ``W``, the strategy and its options, never
 of data), and none depends on ε, δ or the calibration: a candidate's error factors are per
@@ -27,7 +27,7 @@ Table ``dpsql.solver_cache``: the lower Cholesky factor of ``AᵀA`` of a chosen
 least-squares factorisation ``answer`` needs), by the plan's exact matrix (its strategy-cache
 key and the digest of its stored bytes). Table ``dpsql.halfwidth_cache``: a Laplace
 release's interval half-widths at unit noise scale, by exact matrix, workload and level
-(:func:`dpsql.mechanisms.matrix.interval_halfwidths`).
+(:func:`dpsql.mechanisms.halfwidths.interval_halfwidths`).
 
 Nothing loaded is trusted blindly. A row whose hash, shapes, lengths or values do not fit
 the request is ignored and recomputed (and overwritten). The chosen candidate's matrix is

@@ -4,7 +4,7 @@ A batch's planning cost follows from its size alone (public: the policy and the 
 ``n`` cells, ``m`` queries (rows of ``W``), ``nnz`` non-zeros of ``W`` and, per candidate
 strategy, the dense matrices it builds (``m·n·8`` bytes for a dense ``W``, ``n²·8`` for a
 Gram matrix ``V = WᵀW`` or a Cholesky factor) and its flops (an eigendecomposition ~``n³``).
-:func:`bound_cost` and :func:`candidate_cost` predict them; :mod:`dpsql.mechanisms.matrix`
+:func:`bound_cost` and :func:`candidate_cost` predict them; :mod:`dpsql.mechanisms.selection`
 skips a candidate (or the singular value bound) whose prediction exceeds the limits, and
 refuses the batch (:class:`~dpsql.errors.BatchTooLarge`) only when no candidate fits.
 :func:`compile_seconds` predicts the compile step's per-column work, which

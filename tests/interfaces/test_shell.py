@@ -35,7 +35,7 @@ import signal, sys, time
 # a test runner started in the background by a non-interactive shell inherits SIGINT ignored
 # (and so would this child): the tests below send SIGINT, so take Python's own handler back
 signal.signal(signal.SIGINT, signal.default_int_handler)
-import dpsql.mechanisms.matrix as selection
+import dpsql.mechanisms.selection as selection
 import dpsql.session as s
 phase, seconds = sys.argv.pop(1), float(sys.argv.pop(1))
 owner, name = {"select": (selection, "select"), "write": (s.Session, "_write")}[phase]

@@ -14,7 +14,7 @@ import scipy.linalg
 import dpsql
 from dpsql import dbapi
 from dpsql.errors import ERROR_TABLE, BatchTooLarge, PolicyError, error_row, one_line
-from dpsql.mechanisms import matrix
+from dpsql.mechanisms import halfwidths
 from dpsql.workload import limits as planning
 from tests.conftest import make_adult_db
 
@@ -55,7 +55,7 @@ def no_eigen(monkeypatch):
     for target in (np.linalg, scipy.linalg):
         monkeypatch.setattr(target, "eigvalsh", forbidden)
         monkeypatch.setattr(target, "eigh", forbidden)
-    monkeypatch.setattr(matrix, "svdb", forbidden)
+    monkeypatch.setattr(halfwidths, "svdb", forbidden)
 
 
 def _nothing_charged(session) -> None:
@@ -153,7 +153,7 @@ def test_a_memory_error_in_planning_becomes_the_refusal(db, monkeypatch):
     def exhausted(*args, **kwargs):
         raise MemoryError
 
-    monkeypatch.setattr(matrix, "svdb", exhausted)
+    monkeypatch.setattr(halfwidths, "svdb", exhausted)
     with pytest.raises(BatchTooLarge, match="out of memory"):
         db.answer("SELECT race, COUNT(*) FROM adult GROUP BY race", epsilon=1, delta=1e-6)
     _nothing_charged(db)
@@ -203,9 +203,9 @@ def test_identity_laplace_halfwidths_per_row_count():
 
     rng = np.random.default_rng(0)
     W = sp.csr_matrix((rng.random((40, 30)) < 0.3).astype(float))
-    fast = matrix._identity_halfwidths(W)
+    fast = halfwidths._identity_halfwidths(W)
     assert np.allclose(fast, laplace_interval_halfwidth(W.toarray(), 1.0), rtol=1e-10, atol=0)
-    assert matrix._identity_halfwidths(W * 0.5) is None
+    assert halfwidths._identity_halfwidths(W * 0.5) is None
 
 
 def test_planning_limits_refuse_nonsense():

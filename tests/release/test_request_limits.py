@@ -8,7 +8,7 @@ import pytest
 
 import dpsql
 from dpsql.errors import BatchTooLarge
-from dpsql.mechanisms import fit, matrix
+from dpsql.mechanisms import fit, selection
 from dpsql.workload import limits as planning
 from tests.conftest import make_adult_db
 
@@ -24,7 +24,7 @@ def db(tmp_path):
 
 def _sizes(db):
     policy, _, workload = db._compile(WIDE, db.policies())
-    names = matrix.requested(policy, 1e-6, "auto")
+    names = selection.requested(policy, 1e-6, "auto")
     costs = sorted(fit.predicted(workload, f, n, s).seconds for f, n, s in names)
     fixed = (fit.release(workload).seconds
              + planning.bound_cost(workload.n_cells, workload.n_queries, workload.W.nnz,

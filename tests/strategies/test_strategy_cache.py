@@ -20,7 +20,7 @@ import scipy.sparse as sp
 import dpsql
 from dpsql.inference import least_squares as inference
 from dpsql.store import ledger
-from dpsql.mechanisms import matrix as selection
+from dpsql.mechanisms import halfwidths, matrix, selection, target
 from dpsql.store import selection_cache
 from dpsql.store import strategy_cache
 from dpsql.errors import StrategyError
@@ -108,8 +108,8 @@ def no_factorisation(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a cache hit recomputed something")
     monkeypatch.setattr(LeastSquares, "_factorise", refuse)
-    monkeypatch.setattr(selection, "svdb", refuse)
-    for name, obj in list(REGISTRY.items()) + list(selection.registry("laplace")[0].items()):
+    monkeypatch.setattr(halfwidths, "svdb", refuse)
+    for name, obj in list(REGISTRY.items()) + list(matrix.registry("laplace")[0].items()):
         monkeypatch.setattr(obj, "plan", refuse, raising=False)
     return refuse
 
@@ -119,7 +119,7 @@ def test_a_hit_rebuilds_the_identical_explanation_without_factorising(db, monkey
     assert not any(c.cached for c in cold.candidates if c.strategy in ("identity", "workload"))
     monkeypatch.setattr(LeastSquares, "_factorise",
                         lambda self: (_ for _ in ()).throw(AssertionError("factorised")))
-    monkeypatch.setattr(selection, "svdb", lambda info: 1 / 0)
+    monkeypatch.setattr(halfwidths, "svdb", lambda info: 1 / 0)
     hit = _select(db)
     _assert_equal(cold, hit)
     assert all(c.cached for c in hit.candidates)
@@ -161,14 +161,14 @@ def test_accuracy_first_requests_hit_too(db, no_factorisation, monkeypatch):
     monkeypatch.undo()
     cold = _explain_target(db)
     monkeypatch.setattr(LeastSquares, "_factorise", no_factorisation)
-    monkeypatch.setattr(selection, "svdb", no_factorisation)
+    monkeypatch.setattr(halfwidths, "svdb", no_factorisation)
     _assert_equal(cold[1], _explain_target(db)[1])
 
 
 def _explain_target(db):
     with db.db.connect() as con:
         policy, _, workload = Session._compile(SQL, ledger.load_policies(con))
-        return selection.smallest_epsilon(con, policy, workload, 1e-6, "auto", "analytic",
+        return target.smallest_epsilon(con, policy, workload, 1e-6, "auto", "analytic",
                                           2.0, "rmse")
 
 
@@ -325,18 +325,18 @@ def test_laplace_interval_halfwidths_are_cached_per_unit_scale(db):
     best = _chosen(e)
     with db.db.connect() as con:
         policy, _, workload = Session._compile(SQL, ledger.load_policies(con))
-        first = selection.interval_halfwidths(con, e, best.solver, workload)
+        first = halfwidths.interval_halfwidths(con, e, best.solver, workload)
         assert _rows(db, "halfwidth_cache") == 1
         direct = laplace_interval_halfwidth(best.solver.coefficients(workload.W), e.sigma)
         assert np.allclose(first, direct, rtol=1e-12, atol=0)
         hit = _chosen(_select(db, strategy="hierarchical", dlt=0, eps=0.25))
-        again = selection.interval_halfwidths(con, e, hit.solver, workload)
+        again = halfwidths.interval_halfwidths(con, e, hit.solver, workload)
         assert np.array_equal(first, again)
         con.execute("UPDATE dpsql.halfwidth_cache SET units = units[1:8]")   # corrupted
-        assert np.array_equal(selection.interval_halfwidths(con, e, hit.solver, workload),
+        assert np.array_equal(halfwidths.interval_halfwidths(con, e, hit.solver, workload),
                               first)
     gauss = _select(db, strategy="identity")
-    assert np.array_equal(selection.interval_halfwidths(None, gauss, None, None),
+    assert np.array_equal(halfwidths.interval_halfwidths(None, gauss, None, None),
                           Z95 * gauss.stderr)
 
 
@@ -375,7 +375,7 @@ def test_session_explain_hits_and_answer_uses_the_cache(db, no_factorisation, mo
     monkeypatch.undo()
     cold = db.explain(SQL, epsilon=1, delta=1e-6, strategy="optimal")
     monkeypatch.setattr(LeastSquares, "_factorise", no_factorisation)
-    monkeypatch.setattr(selection, "svdb", no_factorisation)
+    monkeypatch.setattr(halfwidths, "svdb", no_factorisation)
     hit = db.explain(SQL, epsilon=1, delta=1e-6, strategy="optimal")
     _assert_equal(cold, hit)
     monkeypatch.undo()

@@ -1,0 +1,261 @@
+"""Strategy selection: the expected error of each candidate strategy, from public inputs only.
+
+For a compiled workload and a privacy request this module builds each candidate's plan
+(through the strategy cache when the strategy is costly), calibrates its noise, computes the
+exact per-answer standard errors by least squares, and picks the smallest expected RMSE. It
+never reads data and never touches the budget: ``explain`` is this module's output.
+
+The work splits in two: :func:`evaluate` (plan, least squares, error factors per unit noise
+variance) and the singular value bound do not depend on ε, δ or the calibration and are
+stored in the selection cache (:mod:`dpsql.store.selection_cache`); :func:`price` (noise scale,
+standard errors, RMSE) is redone for every request, by the same arithmetic, so a cache hit
+gives the same numbers bit for bit. The noise families and each plan's noise scale live in
+:mod:`dpsql.mechanisms.matrix`, the singular value bound in :mod:`dpsql.mechanisms.halfwidths`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import replace
+
+import numpy as np
+
+from dpsql import cancel
+from dpsql.store import selection_cache
+from dpsql.store import strategy_cache
+from dpsql.errors import StrategyError
+from dpsql.mechanisms import fit, halfwidths, matrix
+from dpsql.inference.least_squares import LeastSquares
+from dpsql.store.results import Candidate, Explanation
+from dpsql.store.selection_cache import Evaluation
+from dpsql.sql.compile import Workload
+
+#: auto skips a strategy whose estimated selection time exceeds this many seconds
+AUTO_TIME_LIMIT = 30.0
+#: the chosen plan's Cholesky factor (8 n² bytes) is stored for n up to this
+MAX_STORED_FACTOR = 4096
+
+
+def _plan_for(con, name: str, strategy, workload: Workload, family: str,
+              predicted: float = 0.0):
+    """(plan, seconds, cached, key): the strategy's plan, from the strategy cache when it is
+    costly, and its key in that cache (None when not cached). A plan ``predicted`` to take
+    long is computed in a killable worker (:func:`dpsql.cancel.run`)."""
+    info = matrix.workload_info(workload)
+    started = time.perf_counter()
+    key = None
+    if getattr(strategy, "cacheable", False) and con is not None:
+        key = strategy_cache.fingerprint(name, strategy, info, family)
+        plan = strategy_cache.load(con, key)
+        if plan is not None:
+            return plan, time.perf_counter() - started, True, key
+    plan = cancel.run(strategy.plan, info, seconds=predicted)
+    seconds = time.perf_counter() - started
+    if key is not None:
+        strategy_cache.store(con, key, plan, seconds)
+    return plan, seconds, False, key
+
+
+def evaluate(con, family: str, name: str, strategy, workload: Workload, auto: bool,
+             w_hash: str | None = None) -> Evaluation:
+    """One candidate's plan and error factors: everything about it that does not depend on
+    ε, δ or the calibration (``auto``: skip it over the time limit, and record a strategy
+    that does not apply instead of raising). ``w_hash`` (:func:`workload_hash` of ``W``)
+    names a cheap strategy's plan for the strategy cache."""
+    estimate = getattr(strategy, "estimated_seconds", None)
+    seconds = estimate(matrix.workload_info(workload)) if estimate is not None else 0.0
+    if auto and seconds > AUTO_TIME_LIMIT:
+        return Evaluation(family, name, status="skipped",
+                          note=f"skipped by auto: estimated {seconds:.0f} s to select, over "
+                               f"the {AUTO_TIME_LIMIT:.0f} s limit (ask for it by name)")
+    predicted = fit.predicted(workload, family, name, strategy).seconds
+    try:
+        plan, seconds, cached, key = _plan_for(con, name, strategy, workload, family,
+                                               predicted)
+        solver, factors = cancel.run(_solved, plan, workload.W, seconds=predicted)
+    except StrategyError as exc:
+        if not auto:
+            raise
+        return Evaluation(family, name, note=str(exc), status="error")
+    except MemoryError:
+        if not auto:
+            raise                      # select turns it into the BatchTooLarge refusal
+        return Evaluation(family, name, status="skipped",
+                          note="skipped: out of memory while planning it")
+    if key is None and plan.A is not None and w_hash is not None:
+        key = strategy_cache.rows_fingerprint(name, strategy, w_hash, workload.shape, family)
+    return Evaluation(family, name, factors, plan, seconds=seconds, cached=cached,
+                      plan_key=key, solver=solver)
+
+
+def _solved(plan, W) -> tuple:
+    """(solver, error factors) of a plan: its least-squares factorisation and the answers'
+    variances per unit noise variance."""
+    solver = LeastSquares(plan)
+    return solver, solver.error_factors(W)
+
+
+def price(e: Evaluation, eps, dlt, calibration: str, bound: float) -> Candidate:
+    """A candidate at this ε, δ and calibration: its noise scale and standard errors."""
+    if e.factors is None:
+        return Candidate(e.name, math.nan, math.nan, math.nan, np.zeros(0), note=e.note,
+                         mechanism=e.family)
+    scale, variance = matrix.noise_scale(e.family, e.plan, eps, dlt, calibration)
+    stderr = np.sqrt(variance * np.maximum(e.factors, 0.0))
+    rmse = float(np.sqrt(np.mean(stderr ** 2))) if len(stderr) else 0.0
+    sensitivity = e.plan.l1_sensitivity if e.family == "laplace" else e.plan.sensitivity
+    return Candidate(e.name, scale, sensitivity, rmse, stderr, seconds=e.seconds,
+                     bound_ratio=rmse / bound if bound > 0 else math.nan, cached=e.cached,
+                     plan=e.plan, mechanism=e.family)
+
+
+def requested(policy, dlt, strategy: str) -> list[tuple]:
+    """``(family, name, strategy object)`` of every candidate a request compares."""
+    family = matrix.family_of(dlt)
+    known, auto = matrix.registry(family)
+    if strategy == "auto":
+        names = [(family, n, known[n]) for n in auto]
+        if family == "gaussian" and policy.delta == 0:
+            family = "laplace"         # a pure budget: only pure mechanisms may spend it
+            known, auto = matrix.registry(family)
+            names = [(family, n, known[n]) for n in auto]
+        elif family == "gaussian":    # Laplace (pure ε, no δ spent) competes too
+            l1, l1_auto = matrix.registry("laplace")
+            names += [("laplace", n, l1[n]) for n in l1_auto]
+        return names
+    return [(family, *matrix.resolve(strategy, family))]
+
+
+def select(con, policy, workload: Workload, eps, dlt, strategy: str,
+           calibration: str, objective: str = "rmse") -> Explanation:
+    """Every candidate's expected error and the best one (no data, no budget).
+
+    ``objective``: ``rmse`` (the workload's RMSE, default) or ``max_stderr`` (the largest
+    standard error of any answer) is what ``auto`` minimises. The ε-free part of the work
+    (:func:`evaluate`, the singular value bound) comes from the selection cache when this
+    workload was seen with the same candidates (:mod:`dpsql.store.selection_cache`); the chosen
+    candidate then carries its real plan, re-read and re-verified, and a solver whose
+    factorisation is read (or computed) only when it is used."""
+    auto = strategy == "auto"
+    names, skipped = fit.screen(workload, requested(policy, dlt, strategy), auto)
+    bound_note = fit.bound_fits(workload)        # sizes first: before any eigenvalue
+    for fresh in (False, True):
+        started = time.perf_counter()
+        try:
+            total, evals, hit, where = _evaluations(con, workload, names, auto, fresh,
+                                                    bound_note is None)
+        except MemoryError:
+            raise fit.out_of_memory(workload) from None
+        bounds_by = {f: halfwidths.bound_rmse(f, eps, dlt, calibration, total,
+                                              workload.n_queries)
+                     for f in {f for f, _, _ in names}}
+        candidates = [price(e, eps, dlt, calibration, bounds_by[e.family]) for e in evals]
+        usable = [i for i, c in enumerate(candidates) if np.isfinite(c.rmse)]
+        if not usable:
+            raise StrategyError("no strategy can answer this batch: "
+                                + "; ".join(c.note for c in candidates))
+        i = min(usable, key=lambda k: _metric(candidates[k].stderr, objective))
+        if hit:
+            chosen = _materialise(con, evals[i], names[i][2], workload)
+            if chosen is None:
+                continue                 # an entry that does not fit its plans: recompute
+            candidates[i] = replace(candidates[i], plan=chosen[0], solver=chosen[1],
+                                    seconds=time.perf_counter() - started)
+        else:
+            candidates[i] = replace(candidates[i], solver=evals[i].solver)
+            _remember(con, where, workload, total, evals, i)
+        break
+    best = candidates[i]
+    candidates += [price(e, eps, dlt, calibration, math.nan) for e in skipped]
+    return Explanation(policy.table, float(eps), float(dlt), best.strategy, best.sigma,
+                       best.rmse, best.stderr, workload.n_queries, workload.n_cells,
+                       tuple(candidates),
+                       tuple((o.query.index, o.start, o.stop) for o in workload.outputs),
+                       bound_rmse=bounds_by[best.mechanism], mechanism=best.mechanism,
+                       bound_note=bound_note or "")
+
+
+def _evaluations(con, workload: Workload, names, auto: bool, fresh: bool,
+                 with_bound: bool = True):
+    """(svdb, evaluations, from the cache?, (entry key, W hash)) for ``names`` (svdb is NaN
+    without ``with_bound``: over the planning limits)."""
+    where = None
+    if con is not None:
+        w_hash = selection_cache.cached_hash(workload)
+        where = (selection_cache.key(w_hash, workload.shape, names, auto, AUTO_TIME_LIMIT),
+                 w_hash)
+        found = None if fresh else selection_cache.load(con, *where, workload, names)
+        if found is not None:
+            return found[0], found[1], True, where
+    if with_bound and _gram_shared(con, workload, names):
+        _ = matrix.workload_info(workload).V     # here, once: not again in the bound's worker
+    total = (cancel.run(halfwidths.svdb, matrix.workload_info(workload),
+                        seconds=fit.bound_seconds(workload))
+             if with_bound else math.nan)
+    evals = [evaluate(con, f, n, obj, workload, auto, where and where[1])
+             for f, n, obj in names]
+    return total, evals, False, where
+
+
+def _gram_shared(con, workload: Workload, names) -> bool:
+    """Whether the bound reads the Gram matrix ``V`` that this process computes anyway (a
+    cacheable candidate's :func:`strategy_cache.fingerprint` hashes it): then it is computed
+    before the bound's worker forks, instead of once in the worker and again here."""
+    info = matrix.workload_info(workload)
+    if con is None or info.W is None or info.W.shape[0] < info.n:
+        return False
+    return any(getattr(obj, "cacheable", False) for _, _, obj in names)
+
+
+def _materialise(con, e: Evaluation, strategy, workload: Workload):
+    """(plan, solver) of a candidate from the selection cache, or None when its matrix does
+    not have the numbers the entry recorded (the entry is then recomputed)."""
+    found = strategy_cache.load_entry(con, e.plan_key) if e.plan_key is not None else None
+    if found is None:    # the identity, or a matrix no longer stored: plan it again
+        plan = strategy.plan(matrix.workload_info(workload))
+        digest = None
+        if e.plan_key is not None and plan.A is not None:
+            digest = strategy_cache.store(con, e.plan_key, plan, 0.0)
+    else:
+        plan, digest = found
+    if not selection_cache.same_numbers(plan, e.plan) or \
+            (plan.A is None) != (e.plan_key is None):
+        return None
+    if plan.A is None:
+        return plan, LeastSquares(plan)
+    key = solver_key(e.plan_key, digest)
+    return plan, LeastSquares(plan, factor=selection_cache.factor_loader(con, key, plan.n),
+                              key=key)
+
+
+def solver_key(plan_key: str, digest: str) -> str:
+    """The name of a plan's exact matrix: its strategy-cache key and the matrix digest."""
+    return f"{plan_key}:{digest}"
+
+
+def _remember(con, where, workload: Workload, total: float, evals, chosen: int) -> None:
+    """Store a fresh selection: the entry, the chosen plan's matrix (the costly strategies'
+    are stored already) and its Cholesky factor; name the chosen solver's matrix."""
+    if con is None:
+        return
+    e = evals[chosen]
+    if e.plan_key is not None:
+        if strategy_cache.has(con, e.plan_key):
+            digest = strategy_cache.digest(e.plan)
+        else:
+            digest = strategy_cache.store(con, e.plan_key, e.plan, e.seconds)
+        e.solver.key = solver_key(e.plan_key, digest)
+        factor = e.solver.cholesky
+        if (factor is not None and e.plan.n <= MAX_STORED_FACTOR
+                and not selection_cache.has_factor(con, e.solver.key)):
+            selection_cache.store_factor(con, e.solver.key, factor[0])
+    selection_cache.store(con, *where, workload, total, evals)
+
+
+def _metric(stderr: np.ndarray, objective: str) -> float:
+    if len(stderr) == 0:
+        return 0.0
+    if objective == "max_stderr":
+        return float(np.max(stderr))
+    return float(np.sqrt(np.mean(np.square(stderr))))
