@@ -209,11 +209,11 @@ ANSWER_PHASES = EXPLAIN_PHASES[:2] + [
     ("data vector (GROUP BY)", ("kernel/data.py",), ("_data_vector",), True),
     ("noise sampling", ("noise.py",), ("sample", "laplace"), True),
     ("least-squares answers", ("inference.py",), ("answers",), False),
-    ("reuse record", ("reuse.py",), ("record_of",), False),
+    ("reuse record", ("reuse/records.py",), ("record_of",), False),
     ("write result tables + mark released", ("session.py",), ("_write",), False),
     ("engine.write_table", ("engine.py",), ("write_table",), True),
     ("ledger.mark_released", ("ledger.py",), ("mark_released",), True),
-    ("reuse store", ("reuse.py",), ("store",), True),
+    ("reuse store", ("reuse/records.py",), ("store",), True),
 ]
 
 

@@ -43,7 +43,7 @@ def combined_epsilon(pool, workload, new, eps, dlt, calibration, target: float,
     chosen strategy of ``new`` (the selection for the rows not free, at ``eps``, which meets
     ``target`` alone) meets ``target`` combined with ``pool``; ``reselect(ε)`` selects again
     at the lower ε; ``record_for(candidate, scale)`` is the new measurement's record (the
-    pool's kind, :func:`dpsql.mechanisms.reuse.record_of`). Unchanged when the pool cannot take the new measurement, or when the
+    pool's kind, :func:`dpsql.mechanisms.reuse.records.record_of`). Unchanged when the pool cannot take the new measurement, or when the
     selection at the lower ε picks another strategy (the standalone answer then stands)."""
     from dpsql.mechanisms.target import _round_up
     from dpsql.noise.accounting import MIN_EPSILON

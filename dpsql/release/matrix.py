@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from dpsql.errors import DpsqlError
 from dpsql.inference.least_squares import LeastSquares, consistent
 from dpsql.mechanisms import halfwidths
-from dpsql.mechanisms import reuse as reuse_mod
+from dpsql.mechanisms.reuse import records as reuse_records
+from dpsql.mechanisms.reuse.decide import decide
 from dpsql.noise.accounting import PrivacyCost
 from dpsql.noise.gaussian import rounding_slack, zcdp_rho
 from dpsql.release.mechanism import Answers, Ask, Cost, Plan, Public, Shown
@@ -19,9 +20,10 @@ from dpsql.release.support import _request_params
 
 
 def plan(ask: Ask, public: Public) -> Plan:
-    """How the batch is answered and what it costs: :func:`dpsql.mechanisms.reuse.decide`
-    (strategy selection over the rows not answered free by past releases), or, for a batch
-    compiled to Kronecker blocks, :class:`dpsql.release.implicit.ImplicitPlan`."""
+    """How the batch is answered and what it costs:
+    :func:`dpsql.mechanisms.reuse.decide.decide` (strategy selection over the rows not
+    answered free by past releases), or, for a batch compiled to Kronecker blocks,
+    :class:`dpsql.release.implicit.ImplicitPlan`."""
     from dpsql.release import implicit
 
     policy, queries, workload = implicit.compile_for(ask, public)
@@ -39,11 +41,11 @@ def plan(ask: Ask, public: Public) -> Plan:
 
 
 def _dense_plan(ask: Ask, public: Public, policy, queries, workload) -> Plan:
-    records = reuse_mod.load(public.con, policy, public.private) if ask.reuse else []
+    records = reuse_records.load(public.con, policy, public.private) if ask.reuse else []
     objective, target = ask.objective if ask.objective is not None else ("rmse", None)
-    d = reuse_mod.decide(public.con, policy, workload, records,
-                         None if ask.objective else ask.epsilon, ask.delta, ask.strategy,
-                         ask.calibration, objective, target)
+    d = decide(public.con, policy, workload, records,
+               None if ask.objective else ask.epsilon, ask.delta, ask.strategy,
+               ask.calibration, objective, target)
     eps = ask.epsilon
     if ask.objective is not None:
         eps = d.epsilon
@@ -117,8 +119,8 @@ class MatrixPlan(Plan):
         answers, comment = _post_process(d, chosen, W, m.y, answers, *self.post)
         stderr = self.explanation.stderr
         parts = [(out, answers, stderr, self.halfwidth) for out in self.workload.outputs]
-        record = reuse_mod.record_of(m.release_id, self.workload, chosen.A, m.y,
-                                     d.new.mechanism, d.new.sigma)
+        record = reuse_records.record_of(m.release_id, self.workload, chosen.A, m.y,
+                                         d.new.mechanism, d.new.sigma)
         return Answers(parts, comment, record)
 
 

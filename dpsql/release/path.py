@@ -37,7 +37,7 @@ from dpsql.release.support import (InterruptedAfterRelease, _completed_on_interr
 from dpsql.store import database as engine
 from dpsql.store import ledger
 from dpsql.store.results import Release, ResultTable, build_columns, check_result_names
-from dpsql.mechanisms import reuse as reuse_mod
+from dpsql.mechanisms.reuse import records
 
 
 # ---------------------------------------------------------------------- which mechanism
@@ -260,7 +260,7 @@ def write_results(con, receipt: Receipt, policy, answers: Answers, replace: bool
             recorded.append((out.query.index, name, out.query.sql, len(rows)))
         ledger.mark_released(con, receipt.release_id, recorded)
         if answers.record is not None:     # kept for later batches to reuse (released)
-            reuse_mod.store(con, policy, answers.record, receipt.private)
+            records.store(con, policy, answers.record, receipt.private)
         with engine.engine_errors("writing results"):
             con.execute("COMMIT")
     except BaseException:

@@ -5,7 +5,7 @@ dpsql keeps its own tables in the database's ``dpsql`` schema, beside the analys
 - ``dpsql.policies``, ``dpsql.ledger``, ``dpsql.release_tables``: policies, charges and the
   result tables they paid for (:mod:`dpsql.store.ledger`);
 - ``dpsql.measurements``: every matrix-mechanism release's noisy measurements, for free
-  answers later (:mod:`dpsql.mechanisms.reuse`);
+  answers later (:mod:`dpsql.mechanisms.reuse.records`);
 - ``dpsql.strategy_cache``, ``dpsql.selection_cache``, ``dpsql.solver_cache``,
   ``dpsql.halfwidth_cache``: public, re-verified caches (:mod:`dpsql.store.strategy_cache`,
   :mod:`dpsql.store.selection_cache`);

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from dpsql.mechanisms import reuse
+from dpsql.mechanisms.reuse.pool import Pool, Refinement
+from dpsql.mechanisms.reuse.records import Record
 from dpsql.noise.samplers import SeededTestSampler
 from dpsql.policy.policy import load_policy
 from dpsql.sql.compile import compile_workload
@@ -60,7 +61,7 @@ def test_refinement_aggregates_to_each_partition():
                            "GROUP BY sex"])
     w2 = _compile(policy, ["SELECT COUNT(*) FROM adult WHERE age > 25 AND race = 'White'"])
     parts = [tuple((p.column, p.unit_to_part) for p in w.partitions) for w in (w1, w2)]
-    ref = reuse.Refinement(policy, parts)
+    ref = Refinement(policy, parts)
     columns = ref.columns
     units = _units_vector(policy, columns, np.random.default_rng(0))
     # the refined cell vector: units summed into refined parts
@@ -95,9 +96,9 @@ def test_pool_matches_textbook_gls():
     dense = np.vstack([eye[[0] + list(range(2, old.n_cells))],
                        rng.integers(0, 2, size=(4, old.n_cells))]).astype(float)
     A_old = sp.csr_matrix(dense)
-    rec = reuse.Record(1, tuple((p.column, p.unit_to_part) for p in old.partitions), A_old,
-                       np.zeros(dense.shape[0]), "gaussian", 3.0)
-    pool = reuse.Pool(policy, new, [rec])
+    rec = Record(1, tuple((p.column, p.unit_to_part) for p in old.partitions), A_old,
+                 np.zeros(dense.shape[0]), "gaussian", 3.0)
+    pool = Pool(policy, new, [rec])
     got = pool.analyse(new.W)
     Wr = pool.refined(new.W).toarray()
     M = (A_old @ pool.refinement.aggregation(rec.partitions)).toarray()
@@ -116,7 +117,7 @@ def test_pool_estimates_are_unbiased_with_the_reported_variance():
     new = _compile(policy, SEX_INCOME)
     rng = np.random.default_rng(2)
     parts = lambda w: tuple((p.column, p.unit_to_part) for p in w.partitions)  # noqa: E731
-    ref = reuse.Refinement(policy, [parts(old), parts(new)])
+    ref = Refinement(policy, [parts(old), parts(new)])
     x = rng.integers(0, 200, size=ref.n).astype(float)
     x_old = ref.aggregation(parts(old)) @ x
     x_new = ref.aggregation(parts(new)) @ x
@@ -124,10 +125,10 @@ def test_pool_estimates_are_unbiased_with_the_reported_variance():
     n = 4000
     y_old = x_old[None, :] + rng.laplace(0, 2.0, (n, old.n_cells))
     y_new = x_new[None, :] + rng.normal(0, 3.0, (n, new.n_cells))
-    pool = reuse.Pool(policy, new, [reuse.Record(
+    pool = Pool(policy, new, [Record(
         1, parts(old), sp.identity(old.n_cells, format="csr"), y_old[0], "laplace", 2.0)])
-    k = pool.add(reuse.Record(0, parts(new), sp.identity(new.n_cells, format="csr"),
-                              np.zeros(new.n_cells), "gaussian", 3.0))
+    k = pool.add(Record(0, parts(new), sp.identity(new.n_cells, format="csr"),
+                        np.zeros(new.n_cells), "gaussian", 3.0))
     c_old, c_new = pool.coefficients(new.W)
     draws = y_old @ c_old.T + y_new @ c_new.T - truth[None, :]
     pool.set_y(k, y_new[0])

@@ -108,7 +108,7 @@ POINTS = [
     ("table_2", "dpsql.store.database:write_table", "after", 2, "charged"),
     ("before_mark", "dpsql.store.ledger:mark_released", "before", 1, "charged"),
     ("after_mark", "dpsql.store.ledger:mark_released", "after", 1, "charged"),
-    ("measurements", "dpsql.mechanisms.reuse:store", "after", 1, "charged"),
+    ("measurements", "dpsql.mechanisms.reuse.records:store", "after", 1, "charged"),
     ("committed", "dpsql.release.path:write_results", "after", 1, "released"),
 ]
 PHASE = {p[0]: p[4] for p in POINTS}
@@ -425,7 +425,7 @@ KNOWN_CALLS = {
         "engine.engine_errors": PURE, "con.execute": "after_mark", "zip": PURE,
         "build_columns": PURE, "engine.write_table": "table_1", "list": PURE, "tuple": PURE,
         "len": PURE, "results.append": PURE, "ResultTable": PURE, "recorded.append": PURE,
-        "ledger.mark_released": "before_mark", "reuse_mod.store": "measurements"},
+        "ledger.mark_released": "before_mark", "records.store": "measurements"},
     ("dpsql/release/path.py", "publish"): {"write_results": "committed", "make": PURE,
                                            "list": PURE},
 }

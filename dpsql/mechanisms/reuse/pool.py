@@ -1,11 +1,5 @@
-"""Free answers from past releases: generalised least squares over stored measurements.
-
-Every matrix-mechanism release keeps what it published: its noisy measurements ``y``, its
-strategy ``A`` over its cells, and the noise (family and scale). All of it is the output of a
-release that was already charged, so using it again is post-processing (Dwork & Roth 2014,
-Prop. 2.1): a later batch whose queries are linear combinations of what was measured is
-answered from it at **no privacy cost**, and a batch that needs new measurements pays only
-for those and combines old and new optimally.
+"""Past (and new) measurements combined by generalised least squares, over the common
+refinement of their partitions (public inputs only).
 
 Cells differ between releases (each batch is compiled onto the parts its predicates need, see
 :mod:`dpsql.sql.compile`), but all are unions of the units of the table's declared domains.
@@ -18,138 +12,24 @@ weights) is ``x̂ = F⁺ b`` with ``F = Σ_r M_rᵀ V_r⁻¹ M_r``, ``b = Σ_r M
 ``M_r = A_r P_r``. A query ``w`` is answerable (estimable) iff ``w`` lies in the range of
 ``F``; then ``w x̂`` is unbiased with variance ``w F⁺ wᵀ``, the smallest of any linear
 unbiased estimate from these measurements (Gauss–Markov).
-
-Everything here reads public inputs only: stored releases (already public) and the compiled
-batch. Which queries are free depends on what was released before, never on the data.
 """
 
 from __future__ import annotations
 
-import hashlib
-import io
-import json
 import math
 from dataclasses import dataclass
-from fractions import Fraction
 
 import numpy as np
 import scipy.linalg as la
 import scipy.sparse as sp
 
-from dpsql.store.database import engine_errors
-from dpsql.store.results import Z95, Explanation as _Explanation
+from dpsql.mechanisms.reuse.records import Record
+from dpsql.store.results import Z95
 
 #: the largest common refinement (cells) over which past releases are combined
 MAX_REFINED_CELLS = 4_000_000
 #: the most measurements (old and new) combined at once (an m x m eigendecomposition)
 MAX_MEASUREMENTS = 2048
-#: a release whose strategy has more non-zeros than this is not kept for reuse (32 MB)
-MAX_STORED_NONZEROS = 4_000_000
-
-@dataclass(frozen=True)
-class Record:
-    """One past release's measurements: ``y = A x_r + noise`` over its own cells ``x_r``."""
-
-    release_id: int
-    partitions: tuple          # ((column, unit_to_part ndarray), ...) in the release's cell order
-    A: sp.csr_matrix           # measurements x release cells
-    y: np.ndarray
-    noise: str                 # gaussian | laplace
-    scale: float               # σ (gaussian) or b (laplace)
-
-    @property
-    def variance(self) -> float:
-        return self.scale ** 2 if self.noise == "gaussian" else 2.0 * self.scale ** 2
-
-
-def domain_fingerprint(policy, epoch: str | None = None) -> str:
-    """A hash of the table's declared domains and its data epoch: releases over other domains,
-    or made before the owner last (re-)protected the table (e.g. after reloading its data),
-    are not reused."""
-    doc = json.dumps({"table": policy.table, "epoch": epoch,
-                      "columns": [[c, d.describe()] for c, d in policy.columns]},
-                     sort_keys=True, default=str)
-    return hashlib.sha256(doc.encode()).hexdigest()
-
-
-def _epoch(con, policy) -> str | None:
-    """The table's data epoch (public: set by the owner's protect, never by the data)."""
-    row = con.execute("SELECT data_epoch FROM dpsql.policies WHERE table_name = ?",
-                      [policy.table]).fetchone()
-    return None if row is None else row[0]
-
-
-def record_of(release_id: int, workload, A, y, noise: str, scale: float,
-              limit: bool = True) -> Record | None:
-    """The record of a release just measured (``A`` None: the identity on its cells), or None
-    when the strategy is too large to keep (``limit``) or its noise is not of a known kind."""
-    n = workload.n_cells
-    if noise not in ("gaussian", "laplace"):
-        return None
-    if A is None:
-        M = sp.identity(n, format="csr")
-    elif sp.issparse(A):
-        M = sp.csr_matrix(A)
-    else:
-        if limit and np.count_nonzero(A) > MAX_STORED_NONZEROS:
-            return None
-        M = sp.csr_matrix(A)
-    if limit and M.nnz > MAX_STORED_NONZEROS:
-        return None
-    parts = tuple((p.column, np.asarray(p.unit_to_part, dtype=np.int64))
-                  for p in workload.partitions)
-    return Record(int(release_id), parts, M, np.asarray(y, dtype=float).copy(), noise,
-                  float(scale))
-
-
-def store(con, policy, record: Record, private: bool) -> None:
-    """Write a record (inside the caller's transaction: with the release's result tables)."""
-    buf = io.BytesIO()
-    sp.save_npz(buf, record.A, compressed=False)   # written by every release: kept fast
-    parts = json.dumps([[c, u.tolist()] for c, u in record.partitions])
-    with engine_errors("storing the release's measurements"):   # table: dpsql.store.schema
-        con.execute("INSERT INTO dpsql.measurements VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [record.release_id, policy.table,
-                     domain_fingerprint(policy, _epoch(con, policy)),
-                     bool(private), parts, record.noise, record.scale, buf.getvalue(),
-                     record.y.astype("<f8").tobytes()])
-
-
-def load(con, policy, private: bool) -> list[Record]:
-    """The released measurements of ``policy``'s table over the same declared domains, from
-    releases of the same kind (private sampler or test sampler), oldest first. A row that does
-    not decode consistently is skipped (it can only lose a free answer, never make one up)."""
-    with engine_errors("reading stored measurements"):
-        exists = con.execute(
-            "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'dpsql' "
-            "AND table_name = 'measurements'").fetchone()[0]
-        if not exists:
-            return []
-        rows = con.execute(
-            "SELECT m.release_id, m.partitions, m.noise, m.scale, m.strategy, m.y "
-            "FROM dpsql.measurements m JOIN dpsql.ledger l USING (release_id) "
-            "WHERE m.table_name = ? AND m.domain_fingerprint = ? AND m.private = ? "
-            "AND l.status = 'released' ORDER BY m.release_id",
-            [policy.table, domain_fingerprint(policy, _epoch(con, policy)),
-             bool(private)]).fetchall()
-    out = []
-    for rid, parts, noise, scale, blob, yb in rows:
-        try:
-            partitions = tuple((c, np.asarray(u, dtype=np.int64)) for c, u in json.loads(parts))
-            A = sp.load_npz(io.BytesIO(bytes(blob))).tocsr()
-            y = np.frombuffer(bytes(yb), dtype="<f8").astype(float)
-            n = int(np.prod([int(u.max()) + 1 for _, u in partitions], dtype=np.int64))
-            if (A.shape != (y.size, n) or noise not in ("gaussian", "laplace")
-                    or not (math.isfinite(scale) and scale > 0)
-                    or not np.all(np.isfinite(y)) or not np.all(np.isfinite(A.data))):
-                continue
-            for c, u in partitions:
-                if u.ndim != 1 or u.min() < 0 or u.size != policy.column(c).n_units:
-                    raise ValueError(c)
-        except Exception:   # noqa: BLE001 — a damaged row is ignored, never trusted
-            continue
-        out.append(Record(int(rid), partitions, A, y, noise, float(scale)))
-    return out
 
 
 class Refinement:
@@ -369,101 +249,3 @@ class Pool:
         post-processing (:func:`dpsql.inference.least_squares.consistent`)."""
         ys = [rec.y / math.sqrt(rec.variance) for rec, _ in self._terms]
         return self._whitened(), np.concatenate(ys), self.refined(W)
-
-
-@dataclass
-class Decision:
-    """How a batch is answered: ``new`` is the selection for the rows measured now (None when
-    every row is free); ``expl`` what the user is shown (combined errors)."""
-
-    expl: object
-    new: object
-    epsilon: object              # what the new part costs (0 when every row is free)
-    pool: Pool | None
-    free: np.ndarray
-    planned: int | None = None   # the pool term of the new measurement
-
-
-def sub_workload(workload, rows: np.ndarray):
-    """The batch restricted to ``rows`` (same cells); what the new part measures."""
-    from dpsql.sql.compile import Workload
-
-    return Workload(workload.table, workload.partitions,
-                    sp.csr_matrix(workload.W)[np.flatnonzero(rows)], ())
-
-
-def decide(con, policy, workload, records, eps, dlt, strategy, calibration,
-           objective: str = "rmse", target: float | None = None) -> Decision:
-    """Which rows are free, what the rest costs, and every answer's error (public inputs).
-
-    A row is free when the past releases answer it *and* no less accurately than this
-    request would: its GLS standard error is at most the one the full batch would get at this
-    ε (or, for an accuracy-first request, at most the target). The other rows are selected
-    for and measured as a batch of their own (at the requested ε, or the smallest ε meeting
-    the target); every answer then combines old and new measurements."""
-    from dataclasses import replace
-
-    from dpsql.mechanisms import selection
-    from dpsql.mechanisms import tight
-    from dpsql.mechanisms.target import smallest_epsilon
-
-    def fresh(wl):
-        if target is None:
-            return Fraction(eps), selection.select(con, policy, wl, eps, dlt, strategy,
-                                                   calibration, objective)
-        return smallest_epsilon(con, policy, wl, dlt, strategy, calibration, target,
-                                objective)
-
-    pool = Pool(policy, workload, records) if records else None
-    if pool is None or not pool.records:
-        cost, expl = fresh(workload)
-        return Decision(expl, expl, cost, None, np.zeros(workload.n_queries, bool))
-    old = pool.analyse(workload.W)
-    se_old = np.sqrt(old.variance)
-    full = None
-    if target is None:
-        cost, full = fresh(workload)
-        free = old.estimable & (se_old <= full.stderr * (1 + 1e-9))
-    else:
-        free = old.estimable & (se_old <= target)
-        if objective == "rmse" and old.estimable.all() and len(se_old) \
-                and math.sqrt(float(np.mean(old.variance))) <= target:
-            free[:] = True     # the RMSE target is the batch's: past releases meet it
-    statements = tuple((o.query.index, o.start, o.stop) for o in workload.outputs)
-    if free.all():
-        rmse = float(np.sqrt(np.mean(old.variance))) if len(se_old) else 0.0
-        expl = _Explanation(policy.table, 0.0, 0.0, "reuse", math.nan, rmse, se_old,
-                            workload.n_queries, workload.n_cells, (), statements,
-                            mechanism="reuse", free=tuple(range(len(se_old))),
-                            reused_from=pool.release_ids)
-        return Decision(expl, None, Fraction(0), pool, free)
-    if free.any() or full is None:
-        rest = sub_workload(workload, ~free)
-        cost, new = fresh(rest)
-        if target is not None:      # the smallest ε meeting the target *combined*
-            cost, new = tight.combined_epsilon(
-                pool, workload, new, cost, dlt, calibration, target, objective,
-                lambda e: selection.select(con, policy, rest, e, dlt, strategy,
-                                           calibration, objective),
-                lambda c, scale: record_of(0, workload, c.plan.A,
-                                           np.zeros(c.plan.n_measurements), c.mechanism,
-                                           scale, limit=False))
-    else:
-        new = full
-    best = next(c for c in new.candidates
-                if c.strategy == new.strategy and c.mechanism == new.mechanism)
-    m = best.plan.n_measurements
-    rec = record_of(0, workload, best.plan.A, np.zeros(m), new.mechanism, new.sigma,
-                    limit=False)
-    if not pool.can_add(rec):
-        # too many measurements to combine (e.g. identity on a very wide product): the batch
-        # is measured afresh, as without reuse
-        return decide(con, policy, workload, [], eps, dlt, strategy, calibration, objective,
-                      target)
-    planned = pool.add(rec)
-    stderr = np.sqrt(pool.analyse(workload.W).variance)
-    expl = replace(new, stderr=stderr, rmse=float(np.sqrt(np.mean(stderr ** 2))),
-                   n_queries=workload.n_queries, statements=statements,
-                   free=tuple(int(k) for k in np.flatnonzero(free)),
-                   reused_from=pool.release_ids)
-    return Decision(expl, new, cost, pool, free, planned)
