@@ -6,19 +6,41 @@ measure callback, never the counts) and infers the answers to write."""
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
 
-from dpsql.errors import PrivacyParameterError
+from dpsql.errors import PrivacyParameterError, UnsupportedQueryError
 from dpsql.mechanisms import catalog
 from dpsql.mechanisms.mwem.core import run_mwem
 from dpsql.mechanisms.mwem.options import check_run
 from dpsql.noise.accounting import PrivacyCost
 from dpsql.release.mechanism import Answers, Ask, Cost, Plan, Public, Shown
 from dpsql.release.support import _request_params
+from dpsql.sql.expand import needs_assembly
+
+
+def _counts_only(plan):
+    """A mechanism that answers COUNT statements only: a quantile, or a GROUP BY on a public
+    table's column (statements answered from other rows' released answers and standard
+    errors, :mod:`dpsql.sql.expand`), is refused in one line, while planning (nothing read,
+    nothing charged)."""
+
+    @functools.wraps(plan)
+    def checked(ask: Ask, public: Public):
+        for q in public.parse(ask.sql)[1]:
+            if needs_assembly(q):
+                what = ("a quantile" if q.quantile is not None
+                        else "GROUP BY on a public table's column")
+                raise UnsupportedQueryError(
+                    f"statement {q.index + 1}: {what} is answered by the matrix mechanism "
+                    f"(strategy auto or a named strategy, model dp), not by "
+                    f"{ask.strategy!r}; submit it in a batch of its own")
+        return plan(ask, public)
+    return checked
 
 
 @dataclass
@@ -42,6 +64,7 @@ class SyntheticPlan(Plan):
         return Answers(_synthetic_parts(self.workloads, answers))
 
 
+@_counts_only
 def plan_mwem(ask: Ask, public: Public) -> SyntheticPlan:
     """MWEM (Hardt, Ligett & McSherry): pure ε-DP, the full ε charged up front."""
     eps, dlt, strategy = ask.epsilon, ask.delta, ask.strategy
@@ -76,6 +99,7 @@ def _metric_cost(ask: Ask, mechanism: str, strategy: str, n_queries: int, n_cell
                 **fields)
 
 
+@_counts_only
 def plan_dx_mwem(ask: Ask, public: Public) -> SyntheticPlan:
     """d_X MWEM (Kamalaruban et al., Algorithm 2) against the kernel's metric oracle."""
     policy, queries = public.parse(ask.sql)
@@ -95,6 +119,7 @@ def plan_dx_mwem(ask: Ask, public: Public) -> SyntheticPlan:
                          workloads=workloads, algorithm=algorithm, graphs=graphs)
 
 
+@_counts_only
 def plan_dx_smalldb(ask: Ask, public: Public) -> SyntheticPlan:
     """d_X SmallDB (Kamalaruban et al. §3.2): one candidate histogram, selected by the d_X
     exponential mechanism in the kernel's metric oracle."""
@@ -134,6 +159,7 @@ class DxLaplacePlan(Plan):
         return Answers([(out, m.y, stderr, halfwidth) for out in self.workload.outputs])
 
 
+@_counts_only
 def plan_dx_laplace(ask: Ask, public: Public) -> DxLaplacePlan:
     policy, queries, workload = public.compile(ask.sql)
     expl, scales = catalog.explain_dx(policy, workload, ask.epsilon)

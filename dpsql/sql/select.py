@@ -26,7 +26,7 @@ from typing import Any
 from sqlglot import exp
 
 from dpsql.errors import UnsupportedQueryError
-from dpsql.sql import hints
+from dpsql.sql import hints, joins, quantiles
 from dpsql.sql.ir import Predicate, Query
 from dpsql.sql.predicates import ColumnName, _predicate
 from dpsql.sql.refusals import ALLOWED_SUMMARY, _construct_name, _is_set, _position, _reject
@@ -50,15 +50,21 @@ def _select(index, select: exp.Select, target, replace, text, resolve_table) -> 
     _refuse_clauses(select)
     table, qualifiers = _from_table(select)
     table_name = table.name.lower()
-    column_name = _column_resolver(table_name, resolve_table(table_name, table), qualifiers)
-    (count_column, count_name), select_keys = _output_columns(select, column_name)
+    policy = resolve_table(table_name, table)
+    column_name = _column_resolver(table_name, policy, qualifiers)
+    join = joins.read(select, policy, qualifiers, column_name, resolve_table)
+    if join is not None:                     # public tables: their columns resolve too
+        column_name = join.column_name
+    (count_column, count_name, quantile), select_keys = _output_columns(select, column_name,
+                                                                        policy)
     where = _where(select, column_name)
     grouping_sets = _grouping(select, select_keys, column_name)
     grouped = _grouped(grouping_sets)
     _check_keys(select, select_keys, grouped)
     keys = _result_keys(select, count_name, select_keys, grouped, len(grouping_sets) > 1)
-    return Query(index, table_name, where, count_column, count_name, keys,
-                 grouping_sets, target, replace, text)
+    query = Query(index, table_name, where, count_column, count_name, keys,
+                  grouping_sets, target, replace, text, quantile=quantile)
+    return query if join is None else join.rewrite(query)
 
 
 # --------------------------------------------------------------------------- CREATE TABLE
@@ -96,8 +102,8 @@ def _create_target(stmt: exp.Expression) -> tuple[str | None, bool, exp.Expressi
 def _refuse_clauses(select: exp.Select) -> None:
     """Refuse the first clause outside SELECT list, FROM, WHERE and GROUP BY."""
     for key, value in select.args.items():
-        if key in ("expressions", "from_", "from", "where", "group"):
-            continue
+        if key in ("expressions", "from_", "from", "where", "group", "joins"):
+            continue                         # joins: dpsql.sql.joins reads them
         if _is_set(value):
             node = value if isinstance(value, exp.Expression) else select
             if isinstance(value, list) and value and isinstance(value[0], exp.Expression):
@@ -156,16 +162,19 @@ def _column_resolver(table_name: str, policy: Any, qualifiers: set[str]) -> Colu
 # --------------------------------------------------------------------------- SELECT list
 
 
-def _output_columns(select: exp.Select, column_name: ColumnName
-                    ) -> tuple[tuple[str | None, str], list[tuple[str, str]]]:
-    """The SELECT list: its one aggregate, and its group-by columns as (source, output name)."""
+def _output_columns(select: exp.Select, column_name: ColumnName, policy
+                    ) -> tuple[tuple, list[tuple[str, str]]]:
+    """The SELECT list: its one aggregate (counted column, output name, quantile or None),
+    and its group-by columns as (source, output name)."""
     aggregates, select_keys = [], []
     for item in select.expressions:
         node, out_name = item, None
         if isinstance(item, exp.Alias):
             node, out_name = item.this, item.alias
-        if isinstance(node, exp.AggFunc):
-            aggregates.append(_aggregate(node, item, out_name, column_name))
+        if quantiles.is_quantile(node):
+            aggregates.append(quantiles.aggregate(node, item, out_name, column_name, policy))
+        elif isinstance(node, exp.AggFunc):
+            aggregates.append(_aggregate(node, item, out_name, column_name) + (None,))
         elif isinstance(node, exp.Column):
             select_keys.append((column_name(node), (out_name or node.name).lower()))
         else:

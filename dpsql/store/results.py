@@ -231,6 +231,9 @@ def check_result_names(queries, protected) -> set:
 def build_columns(output, policy, answers: np.ndarray, stderr: np.ndarray,
                   halfwidth: np.ndarray):
     """(name, SQL type, values) for one statement's result table."""
+    if getattr(output, "assembled", False):   # quantiles, public groups: dpsql.sql.assembled
+        return output.columns(answers, stderr, halfwidth,
+                              lambda source: key_sql_type(policy.column(source)))
     cols = []
     for i, (source, out) in enumerate(zip(output.key_sources, output.key_columns)):
         values = [k[i] for k in output.keys]
