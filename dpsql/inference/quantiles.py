@@ -8,8 +8,10 @@ interval; it reads nothing but released values, so it costs no privacy.
 
 **Estimate.** The cumulative counts ``(F_1, …, F_{K-1}, N)`` are fitted by weighted isotonic
 regression (weights 1/variance; a non-decreasing CDF) and clipped at 0. A group whose fitted
-``N`` is below ½ (it rounds to no rows) gets NULL: SQL's quantile of an empty group is NULL,
-and the rule reads released values only, so every declared group still returns its row.
+``N`` is below ½ (it rounds to no rows) or below ``z·se(N)`` (not distinguishable from an
+empty group: an empty one passes it with probability 2.5%) gets NULL: SQL's quantile of an
+empty group is NULL, and the rule reads released values only, so every declared group still
+returns its row.
 With ``r = q·N``, the quantile's unit is the first unit whose fitted cumulative count reaches
 ``r`` (the inverse of the CDF: on exact counts this is the unit holding DuckDB's
 ``quantile_disc``, the ``⌈qN⌉``-th smallest value).
@@ -45,7 +47,8 @@ from scipy.optimize import isotonic_regression
 
 Z95 = 1.959963984540054  # Φ⁻¹(0.975)
 
-#: a group whose fitted count of non-NULL values is below this gets a NULL quantile
+#: a group whose fitted count of non-NULL values is below this (or below Z95 standard errors
+#: of its count) gets a NULL quantile
 EMPTY_BELOW = 0.5
 
 
@@ -132,7 +135,7 @@ def quantiles(F, U, N, var_F, var_U, var_N, q: float, kind: str, units: Units) -
     else:
         lo = np.clip(units.lo[first], units.low, units.high)
         hi = np.clip(units.hi[last], units.low, units.high)
-    empty = ~(C[:, -1] >= EMPTY_BELOW)
+    empty = ~(C[:, -1] >= np.maximum(EMPTY_BELOW, Z95 * np.sqrt(np.maximum(var_N, 0.0))))
     nan = np.full(value.shape, np.nan)
     return Quantiles(np.where(empty, nan, value), np.where(empty, nan, lo),
                      np.where(empty, nan, hi))

@@ -190,15 +190,16 @@ def test_monotone_fit_and_clipping_keep_the_estimate_inside_its_interval():
 
 
 def test_empty_group_rule_reads_the_fitted_count():
-    """NULL when the monotone fit's count of non-NULL values is below 1/2, a value at 1/2."""
+    """NULL when the monotone fit's count of non-NULL values is below 1/2 or below 1.96
+    standard errors of the count; a value at either threshold."""
     units = units_of(NumericDomain(0.0, 3.0, (0, 1, 2, 3)))
-    F = np.array([[0.0, 0.0], [0.2, 0.3], [0.0, 0.0]])
-    U = np.array([[0.0, 0.0], [0.1, 0.1], [0.6, 0.6]])
-    N = np.array([0.0, 0.4, 0.6])
-    v = np.ones((3, 2))
-    out = quantiles(F, U, N, v, v, np.ones(3), 0.5, "cont", units)
-    assert np.isnan(out.value[:2]).all() and np.isnan(out.ci_low[:2]).all()
-    assert 2.0 <= out.value[2] <= 3.0
+    F = np.array([[0.0, 0.0], [0.2, 0.3], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]])
+    U = np.array([[0.0, 0.0], [0.1, 0.1], [0.6, 0.6], [3.0, 3.0], [4.0, 4.0]])
+    N = np.array([0.0, 0.4, 0.6, 3.0, 4.0])
+    v = np.full((5, 2), 1e-4)
+    out = quantiles(F, U, N, v, v, np.array([1e-4, 1e-4, 1e-4, 4.0, 4.0]), 0.5, "cont", units)
+    assert np.isnan(out.value[[0, 1, 3]]).all() and np.isnan(out.ci_low[[0, 1, 3]]).all()
+    assert 2.0 <= out.value[2] <= 3.0 and 2.0 <= out.value[4] <= 3.0
 
 
 def test_interval_ends_are_the_runs_of_confident_edges():
