@@ -15,6 +15,9 @@ Candidates today:
 - ``marginals`` (Laplace, pure ε) — each maximal clique's marginal, identity factors, L1
   sensitivity = the number of cliques (:class:`MarginalsChoice`); it wins for one or a few
   GROUP BYs, where Laplace at sensitivity 1 beats any Gaussian;
+- ``kron`` (Gaussian, δ > 0; only for batches with ranges inside their blocks, such as a
+  quantile's CDF counts) — one Kronecker strategy per maximal clique, range-aware on ordered
+  columns (:mod:`dpsql.mechanisms.kron_choice`);
 - the dense candidates (``identity``, ``eigen``, …) need the full product; they are listed
   as skipped, with the product's size, when it is over
   :data:`dpsql.sql.implicit.DENSE_MAX_CELLS`.
@@ -36,6 +39,7 @@ from dpsql.noise.gaussian import calibrate_with_rounding
 from dpsql.store.results import Z95, Candidate, Explanation
 from dpsql.strategies import residual, symmetric
 from dpsql.strategies import AUTO_CANDIDATES
+from dpsql.mechanisms import kron_choice
 
 #: the bound is skipped (explain says so) when its eigenvalues need more flops than this
 MAX_BOUND_FLOPS = 2e9
@@ -231,6 +235,7 @@ def select(policy, workload, eps, dlt, calibration: str, reuse: bool = False):
     if dlt > 0 and policy.delta > 0:
         rplan = residual.blocks_plan(workload.union)
         choices.insert(0, ResidualChoice(workload, rplan, residual.as_marginal_plan(rplan)))
+        choices += kron_choice.candidates(workload)
     candidates = []
     for choice in choices:
         bound = bound_rmse(choice.mechanism, eps, dlt, calibration, total,
