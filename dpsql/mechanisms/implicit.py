@@ -57,6 +57,11 @@ class ResidualChoice:
     def sensitivity(self) -> float:
         return self.plan.sensitivity
 
+    @property
+    def n_measurements(self) -> int:
+        """(read with the sensitivity when a script pre-checks the charge's ρ)"""
+        return self.plan.n_measurements
+
     def scale(self, eps, dlt, calibration: str) -> float:
         return calibrate_with_rounding(eps, dlt, self.sensitivity, self.plan.n_measurements,
                                        calibration)

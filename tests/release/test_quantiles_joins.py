@@ -168,3 +168,17 @@ def test_refused_quantiles_and_joins_charge_nothing(db):
         with pytest.raises(UnsupportedQueryError):
             db.answer(sql, epsilon=1, delta=1e-6)
     assert snapshot(db) == before and db.budget("adult") == budget
+
+
+def test_a_script_prechecks_and_releases_a_quantile_batch_on_blocks(db):
+    """Scripts pre-check each workload's zCDP cost from its plan before running it: the
+    Kronecker-block candidates (kron, residual) give it their sensitivity and size too."""
+    from dpsql.interfaces.scripts import run
+
+    text = ("SET dpsql.epsilon = 1; SET dpsql.delta = 1e-4;\n"
+            "SELECT race, sex, income, MEDIAN(age) FROM adult GROUP BY race, sex, income;\n"
+            "SELECT income, QUANTILE_CONT(hours_per_week, 0.9) FROM adult GROUP BY income;\n")
+    (outcome,) = run(db, text)
+    assert outcome.release.strategy in ("kron", "residual")
+    entry = db.ledger()[-1]
+    assert entry["status"] == "released" and entry["strategy"] == outcome.release.strategy
