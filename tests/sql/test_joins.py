@@ -185,6 +185,7 @@ JOINED = [
     "SELECT level, COUNT(*) FROM t AS a JOIN levels AS l ON l.edu = a.edu "
     "WHERE NOT (l.years < 12) GROUP BY level",
     "SELECT COUNT(years) FROM t LEFT JOIN levels USING (edu)",
+    "SELECT level, sex, COUNT(*) FROM t JOIN levels USING (edu) GROUP BY ROLLUP (level, sex)",
 ]
 
 
