@@ -89,7 +89,8 @@ class Session:
                 raise UnknownTableError(f"there is no table {tp.table!r} in the database to "
                                         "protect; load the data first, or check the name")
             present = engine.table_columns(con, tp.table)
-            missing = [c for c in tp.column_names if c not in present]
+            missing = [c for c in tp.column_names + [tp.privacy_unit]
+                       if c is not None and c not in present]
             if missing:
                 raise PolicyError(
                     f"policy declares column(s) {missing} that table {tp.table!r} does not have "
