@@ -36,6 +36,7 @@ from dpsql.noise.gaussian import calibrate_with_rounding
 from dpsql.store.results import Z95, Candidate, Explanation
 from dpsql.strategies import residual, symmetric
 from dpsql.strategies import AUTO_CANDIDATES
+from dpsql.workload.values import times_contribution
 
 #: the bound is skipped (explain says so) when its eigenvalues need more flops than this
 MAX_BOUND_FLOPS = 2e9
@@ -53,9 +54,10 @@ class ResidualChoice:
     def sensitivity(self) -> float:
         return self.plan.sensitivity
 
-    def scale(self, eps, dlt, calibration: str) -> float:
-        return calibrate_with_rounding(eps, dlt, self.sensitivity, self.plan.n_measurements,
-                                       calibration)
+    def scale(self, eps, dlt, calibration: str, contribution: int = 1) -> float:
+        return calibrate_with_rounding(eps, dlt,
+                                       times_contribution(contribution, self.sensitivity),
+                                       self.plan.n_measurements, calibration)
 
     def stderr(self, sigma: float) -> np.ndarray:
         """Every answer's exact standard error, block by block, in row order."""
@@ -96,10 +98,11 @@ class MarginalsChoice:
             for C in self.cliques])
         self.sensitivity = marginals.computed_l1_sensitivity(self.plan)
 
-    def scale(self, eps, dlt, calibration: str) -> float:
+    def scale(self, eps, dlt, calibration: str, contribution: int = 1) -> float:
         from dpsql.noise.laplace import laplace_scale
 
-        return laplace_scale(eps, self.sensitivity, self.plan.n_measurements)
+        return laplace_scale(eps, times_contribution(contribution, self.sensitivity),
+                             self.plan.n_measurements)
 
     def _home(self, B) -> tuple:
         sizes = self.workload.union.sizes
@@ -206,12 +209,12 @@ def check_limits(workload) -> None:
             + f"), over {limit.describe()}; nothing was charged; split the batch")
 
 
-def _candidate(choice, eps, dlt, calibration: str, bound: float) -> Candidate:
+def _candidate(choice, eps, dlt, calibration: str, bound: float, k: int = 1) -> Candidate:
     started = time.perf_counter()
-    scale = choice.scale(eps, dlt, calibration)
+    scale = choice.scale(eps, dlt, calibration, k)
     stderr = choice.stderr(scale)
     rmse = float(np.sqrt(np.mean(stderr ** 2))) if stderr.size else 0.0
-    return Candidate(choice.plan.strategy, scale, choice.sensitivity, rmse, stderr,
+    return Candidate(choice.plan.strategy, scale, k * choice.sensitivity, rmse, stderr,
                      seconds=time.perf_counter() - started, plan=choice,
                      bound_ratio=rmse / bound if bound > 0 else math.nan,
                      mechanism=choice.mechanism)
@@ -231,11 +234,11 @@ def select(policy, workload, eps, dlt, calibration: str, reuse: bool = False):
     if dlt > 0 and policy.delta > 0:
         rplan = residual.blocks_plan(workload.union)
         choices.insert(0, ResidualChoice(workload, rplan, residual.as_marginal_plan(rplan)))
-    candidates = []
+    candidates, k = [], policy.contribution      # rows per unit of privacy
     for choice in choices:
-        bound = bound_rmse(choice.mechanism, eps, dlt, calibration, total,
-                           workload.n_queries) if math.isfinite(total) else math.nan
-        candidates.append(_candidate(choice, eps, dlt, calibration, bound))
+        bound = k * bound_rmse(choice.mechanism, eps, dlt, calibration, total,
+                               workload.n_queries) if math.isfinite(total) else math.nan
+        candidates.append(_candidate(choice, eps, dlt, calibration, bound, k))
     best = min(candidates, key=lambda c: c.rmse)
     skipped = [Candidate(name, math.nan, math.nan, math.nan, np.zeros(0),
                          note=f"skipped: needs the full product of {workload.n_cells:,} "
@@ -246,7 +249,7 @@ def select(policy, workload, eps, dlt, calibration: str, reuse: bool = False):
                                  note="skipped: answers from past releases are not combined "
                                       "with batches compiled to blocks yet (no effect on "
                                       "these answers)"))
-    bound = bound_rmse(best.mechanism, eps, dlt, calibration, total, workload.n_queries) \
+    bound = k * bound_rmse(best.mechanism, eps, dlt, calibration, total, workload.n_queries) \
         if math.isfinite(total) else math.nan
     expl = Explanation(policy.table, float(eps), float(dlt), best.strategy, best.sigma,
                        best.rmse, best.stderr, workload.n_queries, workload.n_cells,

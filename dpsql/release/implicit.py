@@ -23,6 +23,7 @@ import numpy as np
 from dpsql.mechanisms import implicit as selection
 from dpsql.noise.accounting import PrivacyCost
 from dpsql.noise.gaussian import rounding_slack, zcdp_rho
+from dpsql.workload.values import times_contribution
 from dpsql.release.mechanism import Answers, Ask, Cost, Plan, Public, Shown
 from dpsql.release.support import _request_params
 
@@ -114,7 +115,9 @@ class ImplicitPlan(Plan):
             | ask.flags
         scale, mplan = expl.sigma, choice.plan
         gaussian = choice.mechanism == "gaussian"
-        rho = zcdp_rho(scale, mplan.sensitivity + rounding_slack(scale, mplan.n_measurements)) \
+        k = policy.contribution          # rows per unit of privacy (1: a row)
+        rho = zcdp_rho(scale, times_contribution(k, mplan.sensitivity)
+                       + rounding_slack(scale, mplan.n_measurements)) \
             if gaussian else float(eps) ** 2 / 2.0
         cost = PrivacyCost(eps, ask.delta if gaussian else 0)
         return cls(
@@ -122,7 +125,7 @@ class ImplicitPlan(Plan):
             Cost(cost=cost, mechanism=choice.mechanism, strategy=expl.strategy,
                  n_queries=workload.n_queries, n_cells=workload.n_cells, params=params,
                  calibration=ask.calibration if gaussian else None, sigma=scale,
-                 sensitivity=choice.sensitivity, rho=rho, expected_rmse=expl.rmse,
+                 sensitivity=k * choice.sensitivity, rho=rho, expected_rmse=expl.rmse,
                  bound_ratio=expl.bound_ratio),
             Shown(float(eps), float(cost.delta), expl.strategy, scale, expl.rmse),
             workload=workload, choice=choice)

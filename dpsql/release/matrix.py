@@ -8,13 +8,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dpsql.errors import DpsqlError
+from dpsql.errors import DpsqlError, StrategyError
 from dpsql.inference.least_squares import LeastSquares, consistent
 from dpsql.mechanisms import halfwidths
 from dpsql.mechanisms.reuse import records as reuse_records
 from dpsql.mechanisms.reuse.decide import decide
 from dpsql.noise.accounting import PrivacyCost
 from dpsql.noise.gaussian import rounding_slack, zcdp_rho
+from dpsql.workload.values import times_contribution
 from dpsql.release.mechanism import Answers, Ask, Cost, Plan, Public, Shown
 from dpsql.release.support import _request_params
 
@@ -82,7 +83,8 @@ class MatrixPlan(Plan):
             Cost(cost=cost, mechanism=new.mechanism, strategy=new.strategy,
                  n_queries=workload.n_queries, n_cells=workload.n_cells, params=params,
                  calibration=ask.calibration if gaussian else None, sigma=new.sigma,
-                 sensitivity=best.sensitivity, rho=_rho(new, eps, best.plan),
+                 sensitivity=best.sensitivity,
+                 rho=_rho(new, eps, best.plan, policy.contribution),
                  expected_rmse=expl.rmse, bound_ratio=new.bound_ratio,
                  reused_from=_sources(d)),
             Shown(float(eps), float(cost.delta), expl.strategy, new.sigma, expl.rmse),
@@ -182,10 +184,11 @@ class _Stacked:
         self.A = A
 
 
-def _rho(expl, eps, plan) -> float:
+def _rho(expl, eps, plan, contribution: int = 1) -> float:
     """zCDP cost recorded with the charge: Δ²/2σ² (Gaussian, Bun & Steinke 2016 Prop. 1.6,
-    grid slack included) or ε²/2 (pure ε-DP implies ε²/2-zCDP, ibid. Prop. 1.4)."""
+    grid slack included; Δ times the rows per unit of privacy) or ε²/2 (pure ε-DP implies
+    ε²/2-zCDP, ibid. Prop. 1.4)."""
     if expl.mechanism == "laplace":
         return float(eps) ** 2 / 2.0
-    return zcdp_rho(expl.sigma, plan.sensitivity + rounding_slack(expl.sigma,
-                                                                  plan.n_measurements))
+    return zcdp_rho(expl.sigma, times_contribution(contribution, plan.sensitivity)
+                    + rounding_slack(expl.sigma, plan.n_measurements))

@@ -433,7 +433,11 @@ KNOWN_CALLS = {
 #: every function of the modules of dpsql/kernel/ they reach, :func:`_kernel_calls`)
 _KERNEL = {"ledger.charge": "charged", "_data_vector": "data_vector",
            "engine.data_vector": "data_vector", "_clique_marginals": "marginals",
-           "engine.marginals": "marginals",
+           "engine.marginals": "marginals", "_data_vectors": "data_vector",
+           "engine.data_vectors": "data_vector",
+           # the engine's query pieces (values only), and the per-unit selection key read
+           # beside the policy for that query (reads no data, writes nothing)
+           "engine.Cap": PURE, "engine.Sum": PURE, "ledger.unit_key": PURE,
            "self.sampler.sample": "noise", "self.sampler.laplace": "noise",
            "algorithm": "noise", "plan.measure": PURE, "oracle.close": PURE}
 #: what touches the ledger, the data or the sampler (``ledger.Charge`` is the charge's type)
@@ -444,10 +448,12 @@ _TOUCHING = ("ledger.", "engine.", "self.sampler", "kernel.sampler", "_data_vect
 _ENTRIES = {("Kernel", "release"): "_data_vector", ("Kernel", "release_per_query"): "_data_vector",
             ("Kernel", "release_adaptive"): "_data_vector",
             ("Kernel", "release_adaptive_metric"): "_data_vector",
-            ("Kernel", "release_marginals"): "_clique_marginals"}
+            ("Kernel", "release_marginals"): "_clique_marginals",
+            ("Kernel", "release_joint"): "_data_vectors"}
 #: the kernel's data reads (dpsql/kernel/data.py, the one module importing the engines): each
 #: makes its engine call, which a point covers
-_READS = {"_data_vector": "engine.data_vector", "_clique_marginals": "engine.marginals"}
+_READS = {"_data_vector": "engine.data_vector", "_clique_marginals": "engine.marginals",
+          "_data_vectors": "engine.data_vectors"}
 KERNEL = ROOT / "dpsql" / "kernel"
 
 
