@@ -12,7 +12,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from dpsql.errors import PrivacyParameterError
+from dpsql.errors import PrivacyParameterError, StrategyError
 from dpsql.mechanisms import catalog
 from dpsql.mechanisms.mwem.core import run_mwem
 from dpsql.mechanisms.mwem.options import check_run
@@ -42,10 +42,26 @@ class SyntheticPlan(Plan):
         return Answers(_synthetic_parts(self.workloads, answers))
 
 
+def counts_per_row(policy, queries, what: str) -> None:
+    """Refuse, before any charge, what these mechanisms do not answer: SUM/AVG (the matrix
+    mechanism's joint release answers them) and a table with a privacy unit (their
+    sensitivities and metrics are for one row; the kernel refuses too)."""
+    from dpsql.sql.vectors import has_values
+
+    if has_values(queries):
+        raise StrategyError(f"{what} answers COUNT batches only; SUM and AVG are answered by "
+                            "the matrix mechanism: use strategy 'auto' (model 'dp')")
+    if policy.privacy_unit is not None:
+        raise StrategyError(
+            f"table {policy.table!r} declares privacy unit {policy.privacy_unit!r} (user-level "
+            f"privacy); {what} bounds one row's effect only: use strategy 'auto' (model 'dp')")
+
+
 def plan_mwem(ask: Ask, public: Public) -> SyntheticPlan:
     """MWEM (Hardt, Ligett & McSherry): pure ε-DP, the full ε charged up front."""
     eps, dlt, strategy = ask.epsilon, ask.delta, ask.strategy
     policy, queries = public.parse(ask.sql)
+    counts_per_row(policy, queries, "mwem")
     if dlt != 0:
         raise PrivacyParameterError(
             "mwem is a pure epsilon-DP mechanism: ask for it with delta = 0")
@@ -79,6 +95,7 @@ def _metric_cost(ask: Ask, mechanism: str, strategy: str, n_queries: int, n_cell
 def plan_dx_mwem(ask: Ask, public: Public) -> SyntheticPlan:
     """d_X MWEM (Kamalaruban et al., Algorithm 2) against the kernel's metric oracle."""
     policy, queries = public.parse(ask.sql)
+    counts_per_row(policy, queries, "a d_X (metric) release")
     expl, options, compiled, blocks, graphs = catalog.dx_mwem_plan(policy, queries,
                                                                    ask.epsilon, ask.strategy)
     workloads = [w for w, _ in compiled]
@@ -99,6 +116,7 @@ def plan_dx_smalldb(ask: Ask, public: Public) -> SyntheticPlan:
     """d_X SmallDB (Kamalaruban et al. §3.2): one candidate histogram, selected by the d_X
     exponential mechanism in the kernel's metric oracle."""
     policy, queries, workload = public.compile(ask.sql)
+    counts_per_row(policy, queries, "a d_X (metric) release")
     expl, size, graph = catalog.dx_smalldb_plan(policy, workload, ask.epsilon, ask.strategy)
     eps = Fraction(ask.epsilon)
 
@@ -136,6 +154,7 @@ class DxLaplacePlan(Plan):
 
 def plan_dx_laplace(ask: Ask, public: Public) -> DxLaplacePlan:
     policy, queries, workload = public.compile(ask.sql)
+    counts_per_row(policy, queries, "a d_X (metric) release")
     expl, scales = catalog.explain_dx(policy, workload, ask.epsilon)
     cost = _metric_cost(ask, "dx_laplace", "dx_laplace", workload.n_queries, workload.n_cells,
                         expected_rmse=scales.expected_rmse)

@@ -9,8 +9,8 @@ chose.
 
 What the implicit path does not do yet sends the batch to the dense form instead
 (:func:`compile_for`; the dense compile refuses products over its cell limit with the sizes
-and how to split): a strategy named explicitly, accuracy targets, and nonnegative/integer
-post-processing. Answers from past releases are not combined with an
+and how to split): a strategy named explicitly, accuracy targets, nonnegative/integer
+post-processing, and SUM/AVG (:mod:`dpsql.release.joint`). Answers from past releases are not combined with an
 implicit batch (explain says so); its measurements are not stored for reuse.
 """
 
@@ -28,8 +28,12 @@ from dpsql.release.mechanism import Answers, Ask, Cost, Plan, Public, Shown
 from dpsql.release.support import _request_params
 
 
-def _dense_only(ask: Ask, policy) -> str | None:
+def _dense_only(ask: Ask, policy, queries=()) -> str | None:
     """Why this request needs the dense form, or None when the implicit path serves it."""
+    from dpsql.sql.vectors import has_values
+
+    if has_values(queries):
+        return "SUM or AVG (a measurement block per data vector)"
     if ask.strategy != "auto":
         return f"strategy {ask.strategy!r}"
     if ask.objective is not None:
@@ -47,7 +51,7 @@ def compile_for(ask: Ask, public: Public):
     policy, queries = public.parse(ask.sql)
     key = memo.batch_key(ask.sql, public.policies)
     workload = memo.compiled(key, queries, policy, implicit=True)
-    if getattr(workload, "implicit", False) and _dense_only(ask, policy) is not None:
+    if getattr(workload, "implicit", False) and _dense_only(ask, policy, queries) is not None:
         workload = memo.compiled(key, queries, policy)
     return policy, queries, workload
 

@@ -24,10 +24,17 @@ def plan(ask: Ask, public: Public) -> Plan:
     """How the batch is answered and what it costs:
     :func:`dpsql.mechanisms.reuse.decide.decide` (strategy selection over the rows not
     answered free by past releases), or, for a batch compiled to Kronecker blocks,
-    :class:`dpsql.release.implicit.ImplicitPlan`."""
-    from dpsql.release import implicit
+    :class:`dpsql.release.implicit.ImplicitPlan`, or, for a batch with SUM/AVG,
+    :func:`dpsql.release.joint.plan` (one block per data vector, one charge)."""
+    from dpsql.release import implicit, joint
+    from dpsql.sql.vectors import has_values
 
     policy, queries, workload = implicit.compile_for(ask, public)
+    if ask.objective is not None and policy.privacy_unit is not None:
+        raise StrategyError(f"accuracy targets are not served on table {policy.table!r}, which "
+                         f"declares privacy unit {policy.privacy_unit!r}; ask by epsilon")
+    if has_values(queries):                   # SUM / AVG: one release of several blocks
+        return joint.plan(ask, public, policy, queries, workload)
     if getattr(workload, "implicit", False):
         structured = implicit.ImplicitPlan.of(ask, public, policy, queries, workload)
         dense = implicit.dense_alternative(ask, public, policy, queries, workload)

@@ -251,8 +251,9 @@ def write_results(con, receipt: Receipt, policy, answers: Answers, replace: bool
         con.execute("BEGIN TRANSACTION")
     try:
         recorded = []
-        for name, (out, values, stderr, halfwidth) in zip(receipt.tables, answers.parts):
-            cols = build_columns(out, policy, values, stderr, halfwidth)
+        for name, (out, values, stderr, halfwidth, *interval) in zip(receipt.tables,
+                                                                      answers.parts):
+            cols = build_columns(out, policy, values, stderr, halfwidth, *interval)
             engine.write_table(con, name, cols, replace=replace or out.query.replace
                                or out.query.target is None, comment=answers.comment)
             rows = list(zip(*[v for _, _, v in cols])) if cols else []

@@ -4,7 +4,9 @@ For each route (matrix Gaussian, matrix Laplace, answers free from reuse, accura
 MWEM, d_X Laplace, d_X MWEM, d_X SmallDB (the d_X exponential mechanism), a batch of three
 result tables, and the implicit path of issue 16 — a batch over a product above
 ``DENSE_MAX_CELLS`` compiled to Kronecker blocks and measured through the cliques' marginals,
-with the Gaussian ``residual`` plan and the Laplace ``marginals`` plan) and each step
+with the Gaussian ``residual`` plan and the Laplace ``marginals`` plan — and the joint
+release of issue 20, a batch mixing COUNT, SUM and AVG read by one ``data_vectors`` call)
+and each step
 boundary of ``dpsql/release/path.py`` and the kernel (after the plan, before the charge,
 after the charge's commit, after the data vector or the marginals are read, after the first
 noise draw, after the kernel returns, after inference, between result-table writes, before
@@ -71,6 +73,10 @@ PAIRS = ";\n".join(f"SELECT {a}, {b}, COUNT(*) FROM adult GROUP BY {a}, {b}" for
                     ("sex", "income"), ("race", "income")])
 SPLIT = ("SELECT age, race, COUNT(*) FROM adult GROUP BY age, race;\n"
          "SELECT sex, income, COUNT(*) FROM adult GROUP BY sex, income")
+#: a batch mixing COUNT, SUM and AVG: one joint release of three blocks (issue 20)
+SUMS = ("SELECT sex, SUM(hours_per_week) FROM adult GROUP BY sex;\n"
+        "SELECT race, AVG(CLAMP(age, 17, 80)) FROM adult GROUP BY race;\n"
+        "SELECT COUNT(*) FROM adult WHERE income = '>50K'")
 METRIC = {"epsilon": 50, "columns": {"age": {"weight": 0.1}, "sex": {"different": 1}}}
 ROWS = 400
 
@@ -89,6 +95,7 @@ ROUTES = {
     "batch3": (dict(sql=THREE, epsilon=0.25, delta=1e-6, strategy="workload"), True),
     "implicit_residual": (dict(sql=PAIRS, epsilon=0.5, delta=1e-6), False),
     "implicit_marginals": (dict(sql=SPLIT, epsilon=0.5, delta=0), False),
+    "joint": (dict(sql=SUMS, epsilon=0.5, delta=1e-6), False),
 }
 #: the implicit routes and the strategy each must plan (checked by the unfaulted run)
 IMPLICIT = {"implicit_residual": "residual", "implicit_marginals": "marginals"}
@@ -100,6 +107,7 @@ POINTS = [
     ("before_charge", "dpsql.store.ledger:charge", "before", 1, "none"),
     ("charged", "dpsql.store.ledger:charge", "after", 1, "charged"),
     ("data_vector", "dpsql.engines.duckdb:data_vector", "after", 1, "charged"),
+    ("data_vectors", "dpsql.engines.duckdb:data_vectors", "after", 1, "charged"),
     ("marginals", "dpsql.engines.duckdb:marginals", "after", 1, "charged"),
     ("noise", "sampler", "after", 1, "charged"),
     ("measured", "dpsql.release.path:KernelHandle.receipt", "after", 1, "charged"),
@@ -128,9 +136,10 @@ KERNEL_SECTION = {"charged", "marginals", "noise", "measured", "inferred"}
 IMPLICIT_RETRIED = {"charged"}
 _NOT = {"reuse": {"data_vector", "noise", "table_2", "measurements"},
         "dx_smalldb": {"table_2", "measurements"},
-        **{r: {"data_vector"} for r in IMPLICIT}}
-#: the points only some routes reach: the implicit routes read marginals, not x
-_ONLY = {"marginals": set(IMPLICIT)}
+        **{r: {"data_vector"} for r in IMPLICIT}, "joint": {"data_vector"}}
+#: the points only some routes reach: the implicit routes read marginals, not x; the joint
+#: release reads x and the value sums in one call
+_ONLY = {"marginals": set(IMPLICIT), "data_vectors": {"joint"}}
 #: the points each route reaches (checked against an unfaulted run)
 REACHED = {r: [p[0] for p in POINTS
                if p[0] not in _NOT.get(r, set()) and r in _ONLY.get(p[0], {r})
@@ -371,7 +380,8 @@ def check_invariant(path: str) -> dict:
         assert st in ("charged", "released"), st
         if st == "released":          # every table, every row; the matrix's measurements
             assert sorted(linked_by.get(release_id, [])) == sorted(names)   # (not the
-            dense = strategy not in IMPLICIT.values()     # implicit path's: not stored)
+            dense = (strategy not in IMPLICIT.values()    # implicit path's and joint
+                     and not strategy.startswith("joint("))  # releases': not stored)
             assert (release_id in stored) == (mechanism in ("gaussian", "laplace") and dense), \
                 (release_id, mechanism, strategy)
         else:                         # nothing of it
@@ -433,8 +443,8 @@ KNOWN_CALLS = {
 #: every function of the modules of dpsql/kernel/ they reach, :func:`_kernel_calls`)
 _KERNEL = {"ledger.charge": "charged", "_data_vector": "data_vector",
            "engine.data_vector": "data_vector", "_clique_marginals": "marginals",
-           "engine.marginals": "marginals", "_data_vectors": "data_vector",
-           "engine.data_vectors": "data_vector",
+           "engine.marginals": "marginals", "_data_vectors": "data_vectors",
+           "engine.data_vectors": "data_vectors",
            # the engine's query pieces (values only), and the per-unit selection key read
            # beside the policy for that query (reads no data, writes nothing)
            "engine.Cap": PURE, "engine.Sum": PURE, "ledger.unit_key": PURE,
