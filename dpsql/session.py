@@ -103,7 +103,8 @@ class Session:
         with self.db.connect() as con:
             return ledger.load_policies(con)
 
-    def explain(self, sql: str | Sequence[str], *, epsilon=None, delta, strategy: str = "auto",
+    def explain(self, sql: str | Sequence[str], *, epsilon=None, delta=None,
+                strategy: str = "auto",
                 calibration: str = "analytic", model: str = "dp", target_rmse=None,
                 max_stderr=None, reuse: bool | None = None) -> Explanation:
         """Expected accuracy of a request: reads no data, spends nothing.
@@ -122,7 +123,8 @@ class Session:
         with self._request() as con:
             return release_path.explain(self._public(con), ask)
 
-    def answer(self, sql: str | Sequence[str], *, epsilon=None, delta, strategy: str = "auto",
+    def answer(self, sql: str | Sequence[str], *, epsilon=None, delta=None,
+               strategy: str = "auto",
                calibration: str = "analytic", replace: bool = False,
                name: str | None = None, model: str = "dp", target_rmse=None,
                max_stderr=None, confirm: bool = False, nonnegative: bool = False,

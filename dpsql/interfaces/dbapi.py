@@ -36,7 +36,7 @@ from dpsql.session import InterruptedAfterRelease, Session
 from dpsql.sql.marker import WorkloadBlock, has_marker, notice_discarded, pieces, walk
 from dpsql.sql.parse import split_statements
 from dpsql.request.declared import CONNECTION_SETTINGS, settings_for
-from dpsql.request.value import Request
+from dpsql.request.value import Request, yield_to_options
 from dpsql.workload import limits as planning
 
 apilevel = "2.0"
@@ -576,7 +576,7 @@ class Cursor:
         self._sets = (self._sets or []) + [table]
 
     def _release(self, sql: str | list[str]) -> None:
-        settings = self.connection._snapshot()
+        settings = yield_to_options(self.connection._snapshot(), sql)   # OPTIONS (...) win
         try:
             with _backend(), self.connection._planning():
                 release = self.connection._session.answer(sql, **settings)

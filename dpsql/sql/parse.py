@@ -4,7 +4,10 @@ The allow-list (issue 2, item 3): one or more ``SELECT`` statements over one pro
 whose only aggregate is ``COUNT(*)`` or ``COUNT(col)``, an optional ``WHERE`` built from
 ``=, <>, <, <=, >, >=, BETWEEN, IN, NOT IN, IS [NOT] NULL, AND, OR, NOT``, parentheses and
 literal constants, and an optional ``GROUP BY`` on declared columns, including ``CUBE``,
-``ROLLUP``, ``GROUPING SETS`` and ``ALL``. A statement may be wrapped in
+``ROLLUP``, ``GROUPING SETS`` and ``ALL``. Since issue 20 the aggregate may also be a SUM or
+AVG over a bounded column (:mod:`dpsql.sql.aggregates`), and BigQuery's
+``SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (...)`` and ``ANON_*`` spellings are read
+(:mod:`dpsql.sql.bigquery`). A statement may be wrapped in
 ``CREATE [OR REPLACE] TABLE name AS ...`` to name its result table.
 
 Everything else is rejected here, before any data is read, with an error naming the
@@ -28,7 +31,7 @@ import sqlglot
 from sqlglot import exp
 
 from dpsql.errors import ParseError
-from dpsql.sql import hints
+from dpsql.sql import bigquery, hints
 from dpsql.sql.ir import Query
 from dpsql.sql.refusals import ALLOWED_SUMMARY, _construct_name, _reject
 from dpsql.sql.select import _create_target, _select
@@ -51,6 +54,7 @@ def split_statements(sql: str | Sequence[str]) -> list[exp.Expression]:
         raise ParseError(f"the batch is longer than {MAX_SQL_CHARS:,} characters; split it")
     out: list[exp.Expression] = []
     for text in texts:
+        text = bigquery.rewrite(text)    # BigQuery's DP clause and CLAMPED BETWEEN, in place
         try:
             parsed = sqlglot.parse(text, dialect="duckdb")
         except sqlglot.errors.ParseError as exc:

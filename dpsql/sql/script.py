@@ -18,6 +18,7 @@ from sqlglot.tokens import TokenType
 from dpsql.errors import (DpsqlError, ParseError, PrivacyParameterError, ScriptError,
                           UnsupportedQueryError, WorkloadBlockError)
 from dpsql.sql import marker as markers
+from dpsql.sql import bigquery
 from dpsql.sql.parse import split_statements
 from dpsql.sql.refusals import _position
 
@@ -162,7 +163,9 @@ def parse_script(text: str, *, declared: dict, defaults: dict | None = None,
     if not groups:
         raise ParseError("the script has no query (only settings and comments)")
     workloads = []
+    base = {name: setting.default for name, setting in declared.items()} | defaults
     for k, (settings, group) in enumerate(groups, 1):
+        settings = _with_options(settings, group, declared, base)
         label = f"workload {k} ({_lines(group)})"
         if all(settings[key] is None for key in asks):
             raise ScriptError(
@@ -216,9 +219,22 @@ def _split(text: str) -> list[Statement]:
         start, end = toks[0].start, toks[-1].end + 1
         line, col = where(start)
         out.append(Statement(expr, start, end, semicolon, line, col, where(end - 1)[0],
-                             expr.sql(dialect="duckdb", comments=False),
+                             bigquery.with_clause(expr.sql(dialect="duckdb", comments=False),
+                                                  text[start:end]),
                              markers.marker_of([t.text for t in toks]) if len(toks) <= 2
                              else None))
+    return out
+
+
+def _with_options(settings: dict, group: list, declared: dict, base: dict) -> dict:
+    """A workload's settings with its statements' ``WITH DIFFERENTIAL_PRIVACY OPTIONS``
+    (:mod:`dpsql.sql.bigquery`), which override the caller's defaults like a SET; a setting
+    the script SET is kept, and the request refuses an option that differs from it."""
+    out = dict(settings)
+    for st in group:
+        for _, name, raw, *_ in bigquery.options(st.normalized):
+            if name in declared and out[name] == base.get(name):
+                out[name] = declared[name].parse(raw, "script")
     return out
 
 
