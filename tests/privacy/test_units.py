@@ -32,21 +32,24 @@ K = 3
 VISITS = {"epsilon": 10, "delta": 1e-5, "privacy_unit": "person_id", "max_rows_per_unit": K,
           "columns": {"item": {"type": "categorical", "values": ITEMS + ["none"]},
                       "amount": {"type": "numeric", "min": 0, "max": 100,
-                                 "edges": [0, 50, 100]}}}
+                                 "edges": [0, 50, 100]},
+                      "day": {"type": "integer", "min": 1, "max": 365}}}
 BATCH = "SELECT item, SUM(amount) FROM visits GROUP BY item"
 PEOPLE, NULL_ROWS = 60, 9
 
 
 def make_visits(path: str, sampler=None, policy=None):
-    """A DuckDB file with ``visits`` (person_id, item, amount), protected by ``policy``."""
+    """A DuckDB file with ``visits`` (person_id, item, amount, day), protected by ``policy``."""
     rng = np.random.default_rng(20)
-    rows = [(int(p), str(rng.choice(ITEMS)), float(rng.integers(0, 130)))
+    rows = [(int(p), str(rng.choice(ITEMS)), float(rng.integers(0, 130)),
+             int(rng.integers(1, 366)))
             for p in range(PEOPLE) for _ in range(int(rng.integers(1, 12)))]
-    rows += [(None, str(rng.choice(ITEMS)), float(rng.integers(0, 100)))
-             for _ in range(NULL_ROWS)]
+    rows += [(None, str(rng.choice(ITEMS)), float(rng.integers(0, 100)),
+              int(rng.integers(1, 366))) for _ in range(NULL_ROWS)]
     con = duckdb.connect(path)
-    con.execute("CREATE TABLE visits (person_id INTEGER, item VARCHAR, amount DOUBLE)")
-    con.executemany("INSERT INTO visits VALUES (?, ?, ?)", rows)
+    con.execute("CREATE TABLE visits (person_id INTEGER, item VARCHAR, amount DOUBLE, "
+                "day INTEGER)")
+    con.executemany("INSERT INTO visits VALUES (?, ?, ?, ?)", rows)
     con.close()
     db = dpsql.connect(path, sampler=sampler)
     db.protect("visits", policy or VISITS)
@@ -73,7 +76,7 @@ def test_each_unit_keeps_at_most_k_rows_and_null_units_are_their_own(visits):
     with db.db.connect() as con:
         x, _ = vectors(con, policy)
     per_person: dict = {}
-    for p, _, _ in rows:
+    for p, *_ in rows:
         if p is not None:
             per_person[p] = per_person.get(p, 0) + 1
     assert max(per_person.values()) > K                 # the cap has work to do
@@ -84,7 +87,7 @@ def test_removing_a_whole_unit_moves_the_vectors_by_at_most_the_bound(visits):
     db, rows = visits
     policy = db.policies()["visits"]
     bound = ValueBound(0, 100).units_bound
-    units = sorted({p for p, _, _ in rows if p is not None})
+    units = sorted({p for p, *_ in rows if p is not None})
     with db.db.connect() as con:
         x, s = vectors(con, policy)
         worst = 0
@@ -207,3 +210,35 @@ def test_explain_names_the_unit(visits):
     db, _ = visits
     text = str(db.explain(BATCH, epsilon=1, delta=1e-6))
     assert f"privacy unit 'person_id', at most {K} rows per unit" in text
+
+
+def test_the_high_dimensional_path_scales_by_k(visits, monkeypatch):
+    """item x day is 2,190 cells: measured through marginals (issue 16), the cap applied to
+    the marginals' scan and the kernel's marginal sensitivity times k."""
+    import dpsql.mechanisms.implicit as selection
+    import dpsql.release.implicit as implicit
+
+    db, _ = visits
+    sql = "SELECT item, day, COUNT(*) FROM visits GROUP BY item, day"
+    for delta in (1e-6, 0):
+        r = db.answer(sql, epsilon=1, delta=delta)
+        assert r.strategy in ("residual", "marginals") and len(r.results[0].rows) == 5 * 365
+    policy = db.policies()["visits"]
+    from dpsql.kernel.data import _clique_marginals
+    from dpsql.sql import memo
+
+    queries = parse_batch(sql, lambda n, node: policy)
+    workload = memo.compiled(memo.batch_key(sql, db.policies()), queries, policy,
+                             implicit=True)
+    with db.db.connect() as con:                 # the marginals' scan keeps k rows per unit
+        x, _ = vectors(con, policy)
+        (T,) = _clique_marginals(con, policy, workload, [(0, 1)]).values()
+        rows = con.execute("SELECT count(*) FROM visits").fetchone()[0]
+    assert T.sum() == x.sum() < rows
+    for module in (selection, implicit):     # the planner calibrated for one row (k = 1)
+        monkeypatch.setattr(module, "times_contribution", lambda k, s: s)
+    before = snapshot(db)
+    for delta in (1e-6, 0):
+        with pytest.raises(ScaleRefused, match="nothing was charged"):
+            db.answer(sql, epsilon=1, delta=delta)
+    assert snapshot(db) == before
