@@ -16,7 +16,7 @@ implicit batch (explain says so); its measurements are not stored for reuse.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -124,6 +124,8 @@ class ImplicitPlan(Plan):
                        + rounding_slack(scale, mplan.n_measurements)) \
             if gaussian else float(eps) ** 2 / 2.0
         cost = PrivacyCost(eps, ask.delta if gaussian else 0)
+        if gaussian and k != 1:                   # a script's pre-check reads it (x k)
+            expl = replace(expl, planned_rho=rho)
         return cls(
             policy, queries, expl,
             Cost(cost=cost, mechanism=choice.mechanism, strategy=expl.strategy,

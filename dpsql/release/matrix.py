@@ -6,7 +6,7 @@ that meets an accuracy target. Public inputs only until ``measure``."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dpsql.errors import DpsqlError, StrategyError
 from dpsql.inference.least_squares import LeastSquares, consistent
@@ -85,13 +85,15 @@ class MatrixPlan(Plan):
                     and c.mechanism == new.mechanism)
         gaussian = new.mechanism == "gaussian"
         cost = PrivacyCost(eps, ask.delta if gaussian else 0)
+        rho = _rho(new, eps, best.plan, policy.contribution)
+        if gaussian and policy.contribution != 1:    # a script's pre-check reads it (x k)
+            expl = replace(expl, planned_rho=rho)
         plan = cls(
             policy, queries, expl,
             Cost(cost=cost, mechanism=new.mechanism, strategy=new.strategy,
                  n_queries=workload.n_queries, n_cells=workload.n_cells, params=params,
                  calibration=ask.calibration if gaussian else None, sigma=new.sigma,
-                 sensitivity=best.sensitivity,
-                 rho=_rho(new, eps, best.plan, policy.contribution),
+                 sensitivity=best.sensitivity, rho=rho,
                  expected_rmse=expl.rmse, bound_ratio=new.bound_ratio,
                  reused_from=_sources(d)),
             Shown(float(eps), float(cost.delta), expl.strategy, new.sigma, expl.rmse),

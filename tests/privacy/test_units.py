@@ -242,3 +242,22 @@ def test_the_high_dimensional_path_scales_by_k(visits, monkeypatch):
         with pytest.raises(ScaleRefused, match="nothing was charged"):
             db.answer(sql, epsilon=1, delta=delta)
     assert snapshot(db) == before
+
+
+@pytest.mark.parametrize("sql, strategy", [
+    ("SELECT item, COUNT(*) FROM visits GROUP BY item", "identity"),
+    ("SELECT item, day, COUNT(*) FROM visits GROUP BY item, day", "auto"),
+    (BATCH, "auto")])
+def test_explain_tells_a_script_the_rho_the_charge_records(visits, sql, strategy):
+    """A script checks its whole budget before its first release from each workload's
+    explained ρ: on a unit table that ρ is k² times a row's, and must be the one charged."""
+    db, _ = visits
+    expl = db.explain(sql, epsilon=1, delta=1e-6, strategy=strategy)
+    db.answer(sql, epsilon=1, delta=1e-6, strategy=strategy)
+    with db.db.connect() as con:
+        mechanism, rho = con.execute("SELECT mechanism, rho FROM dpsql.ledger ORDER BY "
+                                     "release_id DESC LIMIT 1").fetchone()
+    if mechanism == "gaussian":
+        assert rho == pytest.approx(expl.planned_rho, rel=1e-12)
+    else:                                    # pure noise: the script reads eps^2 / 2
+        assert mechanism == "laplace" and expl.mechanism == "laplace"
