@@ -261,3 +261,24 @@ def test_explain_tells_a_script_the_rho_the_charge_records(visits, sql, strategy
         assert rho == pytest.approx(expl.planned_rho, rel=1e-12)
     else:                                    # pure noise: the script reads eps^2 / 2
         assert mechanism == "laplace" and expl.mechanism == "laplace"
+
+
+def test_the_kernel_refuses_row_level_mechanisms_on_a_unit_table(visits):
+    """MWEM's and d_X's oracles reason about one row: the kernel refuses them on a unit
+    table itself (before the charge), whatever the planner let through."""
+    from fractions import Fraction
+
+    from dpsql.kernel.boundary import Kernel
+
+    db, _ = visits
+    policy = db.policies()["visits"]
+    kernel = Kernel()
+    before = snapshot(db)
+    with db.db.connect() as con:
+        for call in (lambda: kernel.release_adaptive(con, policy, [], Fraction(1), None, None),
+                     lambda: kernel.release_per_query(con, policy, None, np.ones(1), None),
+                     lambda: kernel.release_adaptive_metric(con, policy, [], [], Fraction(1),
+                                                            None, None)):
+            with pytest.raises(ScaleRefused, match="declares privacy unit 'person_id'"):
+                call()
+    assert snapshot(db) == before
