@@ -37,6 +37,8 @@ from fractions import Fraction
 VALUE_BITS = 30
 #: bounds beyond this magnitude are refused (far past any sensible clamp of real data)
 MAX_BOUND = Fraction(10) ** 15
+#: ... and bounds all below this one (their unit would leave the doubles' exponent range)
+MIN_BOUND = Fraction(1, 10 ** 9)
 
 
 def times_contribution(k: int, sensitivity: float) -> float:
@@ -66,6 +68,8 @@ class ValueBound:
             raise ValueError("the lower bound must be below the upper bound")
         if max(abs(lo), abs(hi)) > MAX_BOUND:
             raise ValueError(f"bounds must be within ±{float(MAX_BOUND):g}")
+        if max(abs(lo), abs(hi)) < MIN_BOUND:
+            raise ValueError(f"a bound must reach at least {float(MIN_BOUND):g} in magnitude")
         if self.lo_units > self.hi_units:
             raise ValueError("the bounds are too close together to hold a value")
 

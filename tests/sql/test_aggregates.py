@@ -49,6 +49,7 @@ def test_each_spelling_reads_as_its_aggregate(sql, kind, value, name, counted):
     ("SELECT SUM(CLAMP(age, 90, 17)) FROM adult", "lower bound must be below"),
     ("SELECT SUM(CLAMP(age, 1, 1)) FROM adult", "lower bound must be below"),
     ("SELECT SUM(CLAMP(age, 0, 1e16)) FROM adult", "within ±1e+15"),
+    ("SELECT SUM(CLAMP(age, -1e-300, 1e-300)) FROM adult", "at least 1e-09 in magnitude"),
     ("SELECT SUM(CLAMP(age, 0)) FROM adult", "CLAMP with 2 arguments"),
     ("SELECT SUM(age + 1) FROM adult", "SUM of 'age + 1'"),
     ("SELECT AVG(DISTINCT age) FROM adult", "AVG(DISTINCT ...)"),
