@@ -139,12 +139,13 @@ def parse_script(text: str, *, declared: dict, defaults: dict | None = None,
     pending_set: Statement | None = None
     asked: dict = {}             # epsilon / target set since the last query: (line, column)
     new_group = False            # a workload block started or ended: so does the workload
+    explicit: set = set()        # the settings a SET has given so far (OPTIONS yield to them)
     for st in statements:
         if st is _BREAK:
             new_group = True
             continue
         if isinstance(st.expr, exp.Set):
-            _apply_set(st, current, declared, asked)
+            explicit |= _apply_set(st, current, declared, asked)
             pending_set = st
         elif isinstance(st.expr, exp.Command) and str(st.expr.this).upper() == "SET":
             raise UnsupportedQueryError(
@@ -152,7 +153,7 @@ def parse_script(text: str, *, declared: dict, defaults: dict | None = None,
                 f"({_allowed(declared)})", st.line, st.column)
         else:
             if pending_set is not None or not groups or new_group:
-                groups.append((dict(current), []))
+                groups.append((dict(current), [], frozenset(explicit)))
             pending_set, new_group = None, False
             asked = {}
             groups[-1][1].append(st)
@@ -163,9 +164,8 @@ def parse_script(text: str, *, declared: dict, defaults: dict | None = None,
     if not groups:
         raise ParseError("the script has no query (only settings and comments)")
     workloads = []
-    base = {name: setting.default for name, setting in declared.items()} | defaults
-    for k, (settings, group) in enumerate(groups, 1):
-        settings = _with_options(settings, group, declared, base)
+    for k, (settings, group, was_set) in enumerate(groups, 1):
+        settings = _with_options(settings, group, declared, was_set)
         label = f"workload {k} ({_lines(group)})"
         if all(settings[key] is None for key in asks):
             raise ScriptError(
@@ -226,14 +226,14 @@ def _split(text: str) -> list[Statement]:
     return out
 
 
-def _with_options(settings: dict, group: list, declared: dict, base: dict) -> dict:
+def _with_options(settings: dict, group: list, declared: dict, was_set) -> dict:
     """A workload's settings with its statements' ``WITH DIFFERENTIAL_PRIVACY OPTIONS``
     (:mod:`dpsql.sql.bigquery`), which override the caller's defaults like a SET; a setting
-    the script SET is kept, and the request refuses an option that differs from it."""
+    the script SET (``was_set``) is kept, and the request refuses an option that differs."""
     out = dict(settings)
     for st in group:
         for _, name, raw, *_ in bigquery.options(st.normalized):
-            if name in declared and out[name] == base.get(name):
+            if name in declared and name not in was_set:
                 out[name] = declared[name].parse(raw, "script")
     return out
 
@@ -277,9 +277,11 @@ def _lines(group: list[Statement]) -> str:
     return f"line {a}" if a == b else f"lines {a}-{b}"
 
 
-def _apply_set(st: Statement, current: dict, declared: dict, asked: dict) -> None:
-    """Apply one SET. ``asked``: which of epsilon / the accuracy targets were set since the
-    last query (two different ones for the same queries are refused)."""
+def _apply_set(st: Statement, current: dict, declared: dict, asked: dict) -> set:
+    """Apply one SET; return the names it set. ``asked``: which of epsilon / the accuracy
+    targets were set since the last query (two different ones for the same queries are
+    refused)."""
+    names = set()
     node = st.expr
     if node.args.get("unset") or node.args.get("tag") or not node.expressions:
         raise UnsupportedQueryError(f"this SET form is not supported; {_allowed(declared)}",
@@ -322,6 +324,8 @@ def _apply_set(st: Statement, current: dict, declared: dict, asked: dict) -> Non
             raise ParseError(str(exc), *at) from None
         if setting.ask:   # the workload asks by this one from now on
             current.update({k: None for k, s in declared.items() if s.ask and k != name})
+        names.add(name)
+    return names
 
 
 def _value_text(node, setting, name: str) -> str:

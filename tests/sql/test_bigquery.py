@@ -138,3 +138,11 @@ def test_a_script_keeps_the_options_and_refuses_a_conflicting_set(tmp_path, caps
     script.write_text("SET dpsql.epsilon = 0.25;\n" + BQ_BATCH + ";\n")
     assert cli.main(["explain", path, str(script)]) == 65
     assert "conflicting settings" in capsys.readouterr().err
+    # a SET equal to the command line's default is still an explicit setting
+    assert cli.main(["explain", path, str(script), "--epsilon", "0.25"]) == 65
+    assert "conflicting settings" in capsys.readouterr().err
+    # the command line's default alone yields to the statement's OPTIONS
+    script.write_text(BQ_BATCH + ";\n")
+    assert cli.main(["explain", path, str(script), "--epsilon", "0.25", "--delta",
+                     "1e-6"]) == 0
+    assert "epsilon=0.5" in capsys.readouterr().out
