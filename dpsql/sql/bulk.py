@@ -51,6 +51,10 @@ class Template:
     literals: tuple            # (node index, token index) per literal token
     positions: tuple
     nodes: tuple               # the tree's nodes in walk order
+    #: DuckDB text around the literals: ``text[0] + lit + text[1] + …`` (literals in text
+    #: order, ``order`` their indices in :attr:`literals`), or None: generate the text
+    text: tuple | None = None
+    order: tuple = ()
 
 
 def dialect() -> Dialect:
@@ -126,7 +130,54 @@ def template(tree: exp.Expression, chunk: list) -> Template | None:
         if node.this != tok.text or node.is_string != (tok.token_type == TokenType.STRING):
             return None
         literals.append((owners[0], k))
-    return Template(tree, tuple(literals), tuple(positions), tuple(nodes))
+    text, order = _text_template(tree, nodes, literals)
+    return Template(tree, tuple(literals), tuple(positions), tuple(nodes), text, order)
+
+
+def _text_template(tree, nodes, literals) -> tuple:
+    """The generated DuckDB text cut around each literal: each literal is set to a sentinel
+    that cannot occur in SQL, the tree generated once, and each sentinel's rendering must
+    occur exactly once (literal rendering is context-free in sqlglot's generator:
+    ``Generator.literal_sql``), else (None, ())."""
+    saved = [nodes[j].this for j, _ in literals]
+    try:
+        for k, (j, _) in enumerate(literals):
+            nodes[j].args["this"] = f"\x00{k}\x00"
+        full = tree.sql(dialect="duckdb")
+        found = []
+        for k, (j, _) in enumerate(literals):
+            rendered = _render(nodes[j])
+            if full.count(rendered) != 1:
+                return None, ()
+            found.append((full.index(rendered), len(rendered), k))
+    finally:
+        for (j, _), value in zip(literals, saved):
+            nodes[j].args["this"] = value
+    found.sort()
+    text, at = [], 0
+    for where, length, _ in found:
+        text.append(full[at:where])
+        at = where + length
+    text.append(full[at:])
+    return tuple(text), tuple(k for _, _, k in found)
+
+
+_GENERATOR = []
+
+
+def _render(literal: exp.Literal) -> str:
+    """One literal as sqlglot's DuckDB generator writes it."""
+    if not _GENERATOR:
+        _GENERATOR.append(dialect().generator())
+    return _GENERATOR[0].literal_sql(literal)
+
+
+def text(t: Template) -> str | None:
+    """The DuckDB text of the template's last instantiation, without generating it."""
+    if t.text is None:
+        return None
+    lits = [t.nodes[t.literals[k][0]] for k in t.order]
+    return "".join(part + _render(lit) for part, lit in zip(t.text, lits)) + t.text[-1]
 
 
 def instantiate(t: Template, chunk: list, copy: bool = True) -> exp.Expression:
@@ -162,17 +213,19 @@ def statement_tokens(text: str, room: int) -> list | None:
     return parts
 
 
-def statements(text: str, parts: list, parse_chunk, cache: dict, copy: bool = True):
-    """Yield the statements ``parts`` of ``text`` as sqlglot trees, each shape parsed once
-    by ``parse_chunk(tokens, text)`` (one tree); ``cache`` maps shapes to templates across
-    the texts of one batch; ``copy``: see :func:`instantiate`."""
+def statements(sql: str, parts: list, parse_chunk, cache: dict, copy: bool = True):
+    """Yield ``(tree, its DuckDB text or None)`` for the statements ``parts`` of ``sql``,
+    each shape parsed once by ``parse_chunk(tokens, sql)`` (one tree); ``cache`` maps shapes
+    to templates across the texts of one batch; ``copy``: see :func:`instantiate` (the text
+    is given for in-place instantiations only: a copy may be changed by its caller)."""
     for chunk in parts:
         key = shape(chunk)
         found = cache.get(key) if key is not None else None
         if found:
-            yield instantiate(found, chunk, copy)
+            tree = instantiate(found, chunk, copy)
+            yield tree, None if copy else text(found)
             continue
-        tree = parse_chunk(chunk, text)
+        tree = parse_chunk(chunk, sql)
         if key is not None and key not in cache:
             cache[key] = template(tree.copy(), chunk) or False
-        yield tree
+        yield tree, None

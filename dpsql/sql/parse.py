@@ -50,15 +50,16 @@ logging.getLogger("sqlglot").setLevel(logging.CRITICAL)
 
 def split_statements(sql: str | Sequence[str]) -> list[exp.Expression]:
     """Parse the text(s) with sqlglot's DuckDB dialect; errors point at line and column."""
-    out = list(_trees(sql, copy=True))
+    out = [tree for tree, _ in _trees(sql, copy=True)]
     if not out:
         raise ParseError("no SQL statement given")
     return out
 
 
 def _trees(sql: str | Sequence[str], copy: bool):
-    """Yield the statements' trees (:mod:`dpsql.sql.bulk`: each shape parsed once;
-    ``copy`` False: a yielded tree is valid until the next one is asked for)."""
+    """Yield each statement's ``(tree, DuckDB text or None)`` (:mod:`dpsql.sql.bulk`: each
+    shape parsed once; ``copy`` False: a yielded tree is valid until the next one is asked
+    for, and its text, when given, is the tree's generated text)."""
     texts = [sql] if isinstance(sql, str) else list(sql)
     if not texts or any(not isinstance(t, str) for t in texts):
         raise ParseError("expected SQL text (a string, or a list of strings)")
@@ -71,15 +72,15 @@ def _trees(sql: str | Sequence[str], copy: bool):
     for text in texts:
         with _sqlglot_errors():
             parts = bulk.statement_tokens(text, MAX_STATEMENTS - count)
-            trees = sqlglot.parse(text, dialect="duckdb") if parts is None else \
-                bulk.statements(text, parts, _parse_chunk, shapes, copy)
-            for tree in trees:
+            trees = ((t, None) for t in sqlglot.parse(text, dialect="duckdb")) \
+                if parts is None else bulk.statements(text, parts, _parse_chunk, shapes, copy)
+            for tree, generated in trees:
                 if tree is None or isinstance(tree, exp.Semicolon):
                     continue
                 count += 1
                 if count > MAX_STATEMENTS:
                     raise _too_many()
-                yield tree
+                yield tree, generated
 
 
 @contextlib.contextmanager
@@ -121,8 +122,8 @@ def parse_batch(sql: str | Sequence[str],
     module stays independent of how policies are stored).
     """
     try:
-        out = [_statement(i, stmt, resolve_table)
-               for i, stmt in enumerate(_trees(sql, copy=False))]
+        out = [_statement(i, stmt, resolve_table, text)
+               for i, (stmt, text) in enumerate(_trees(sql, copy=False))]
     except RecursionError:
         raise ParseError("a condition is nested too deeply; simplify it") from None
     if not out:
@@ -130,7 +131,7 @@ def parse_batch(sql: str | Sequence[str],
     return out
 
 
-def _statement(index: int, stmt: exp.Expression, resolve_table) -> Query:
+def _statement(index: int, stmt: exp.Expression, resolve_table, text: str | None) -> Query:
     target, replace, select = _create_target(stmt)
     if not isinstance(select, exp.Select):
         kind = hints.statement_kind(select)
@@ -139,4 +140,6 @@ def _statement(index: int, stmt: exp.Expression, resolve_table) -> Query:
     query = _select(index, select, target, replace, "", resolve_table)
     # the IR holds no syntax node and the tree is not read again, so the normalised text is
     # printed without the defensive deep copy (a third of parsing's cost on large batches)
-    return _with(query, sql=stmt.sql(dialect="duckdb", copy=False))
+    # (a templated statement's text is spliced from its shape's: :func:`bulk.text`)
+    return _with(query, sql=text if text is not None else stmt.sql(dialect="duckdb",
+                                                                    copy=False))

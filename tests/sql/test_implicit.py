@@ -66,6 +66,37 @@ def test_blocks_equal_the_dense_rows_on_small_domains():
                                                              b.grouping_ids)
 
 
+MERGED = [f"SELECT {c}, COUNT(*) FROM adult WHERE age BETWEEN {a} AND {b} GROUP BY {c}"
+          for c in ("sex", "race") for a, b in ((17, 20), (19, 30), (25, 25), (17, 20))] + [
+    "SELECT race, sex, COUNT(*) FROM adult WHERE age >= 22 AND income = '>50K' "
+    "GROUP BY race, sex",
+    "SELECT sex, race, COUNT(*) FROM adult WHERE age >= 22 AND income = '<=50K' "
+    "GROUP BY race, sex",
+    "SELECT sex, race, COUNT(*) FROM adult WHERE age < 19 AND income = '<=50K' "
+    "GROUP BY sex, race",
+    "SELECT COUNT(*) FROM adult WHERE age < 19",
+    "SELECT COUNT(*) FROM adult WHERE age < 19 AND sex = 'Male'",
+    "SELECT race, COUNT(*) FROM adult WHERE FALSE GROUP BY race"]
+
+
+def test_statements_of_one_shape_share_a_block():
+    """Ranges on one column with the same GROUP BY (and repeats) are one block whose factor
+    stacks the ranges; the rows still equal the dense W, statement by statement."""
+    policy = _policy()
+    queries = _queries(";".join(MERGED), policy)
+    parts = compile_parts(queries, policy)
+    dense = dense_workload(queries, policy, parts)
+    implicit = implicit_workload(queries, policy, parts)
+    # sex ranges, race ranges, (race, sex) varying on income, (sex, race) once, the two
+    # totals (different filtered columns), WHERE FALSE
+    assert len(implicit.union.blocks) == 7
+    assert implicit.union.blocks[0].factors[0].shape[0] == 3      # the repeat shares a row
+    blocks = [b.dense() for b in implicit.union.blocks]
+    rows = np.vstack([implicit.assemble([B[:, j] for B in blocks])
+                      for j in range(dense.n_cells)]).T
+    assert np.array_equal(rows, dense.W.toarray())
+
+
 def test_compile_batch_switches_on_the_product_size():
     policy = _policy()
     small = _queries("SELECT sex, race, COUNT(*) FROM adult GROUP BY sex, race", policy)
