@@ -419,3 +419,17 @@ def test_kernel_refuses_a_tampered_kron_plan(monkeypatch, delta):
         db.answer(RANGE_MARGINALS, epsilon=1, delta=delta)
     assert db.ledger() == []
     db.close()
+
+
+def test_metric_requests_over_blocks_are_refused_up_front():
+    """d_X needs the cell product (its metric is checked edge by edge): a batch whose product
+    only the implicit path serves is refused before anything is charged, saying why."""
+    every = COLS + ["age", "education_num", "hours_per_week"]
+    pairs = [f"SELECT {a}, {b}, COUNT(*) FROM adult GROUP BY {a}, {b}"
+             for a, b in itertools.combinations(every, 2)]
+    db, _ = _database(_NoNoise())
+    for strategy in ("dx_laplace", "dx_smalldb(size=20)"):
+        with pytest.raises(UnsupportedQueryError, match="not supported over Kronecker blocks"):
+            db.answer(pairs, epsilon=1, delta=0, model="metric", strategy=strategy)
+    assert db.ledger() == []
+    db.close()
