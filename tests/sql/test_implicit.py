@@ -433,3 +433,18 @@ def test_metric_requests_over_blocks_are_refused_up_front():
             db.answer(pairs, epsilon=1, delta=0, model="metric", strategy=strategy)
     assert db.ledger() == []
     db.close()
+
+
+@pytest.mark.parametrize("setting", [dict(nonnegative=True), dict(integer=True),
+                                     dict(strategy="identity")])
+def test_requests_only_the_dense_form_serves_are_refused_clearly_on_wide_batches(setting):
+    """Consistency post-processing and named strategies need the full product: over the
+    dense limit they are refused up front, naming what and how to ask instead."""
+    every = COLS + ["age", "education_num", "hours_per_week"]
+    pairs = [f"SELECT {a}, {b}, COUNT(*) FROM adult GROUP BY {a}, {b}"
+             for a, b in itertools.combinations(every, 2)]
+    db, _ = _database(_NoNoise())
+    with pytest.raises(UnsupportedQueryError, match="do not serve it yet; nothing was charged"):
+        db.answer(pairs, epsilon=1, delta=1e-6, **setting)
+    assert db.ledger() == []
+    db.close()
