@@ -12,7 +12,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from dpsql.errors import PrivacyParameterError, StrategyError
+from dpsql.errors import PrivacyParameterError, StrategyError, UnsupportedQueryError
 from dpsql.mechanisms import catalog
 from dpsql.mechanisms.mwem.core import run_mwem
 from dpsql.mechanisms.mwem.options import check_run
@@ -164,8 +164,35 @@ def plan_dx_laplace(ask: Ask, public: Public) -> DxLaplacePlan:
                          workload=workload, scales=scales.scales)
 
 
+def _dense_only(kind: str, planner):
+    """The d_X planner, refusing up front and saying why a batch whose cell product is over
+    the dense limit: d_X privacy is defined by the metric between cells (the kernel checks
+    every edge of the cell graph), which Kronecker blocks do not carry."""
+    def plan(ask: Ask, public: Public):
+        try:
+            return planner(ask, public)
+        except UnsupportedQueryError:
+            from dpsql.sql.compile import MAX_CELLS, compile_parts
+
+            policy, queries = public.parse(ask.sql)
+            parts = compile_parts(queries, policy)
+            if parts.n_cells <= MAX_CELLS:
+                raise
+            raise UnsupportedQueryError(
+                f"{kind} (metric privacy, d_X) needs the batch's full cell product, whose "
+                f"metric the kernel checks edge by edge; this batch's has {parts.n_cells:,} "
+                f"cells (limit {MAX_CELLS:,}; parts per column: "
+                + ", ".join(f"{p.column}={p.n_parts}" for p in parts.partitions)
+                + "), and d_X is not supported over Kronecker blocks; nothing was charged; "
+                "ask it over fewer columns per request, or use standard DP (model 'dp'), "
+                "which answers such batches through marginals") from None
+    return plan
+
+
 #: metric strategy name -> its mechanism
-DX = {"dx_laplace": plan_dx_laplace, "dx_mwem": plan_dx_mwem, "dx_smalldb": plan_dx_smalldb}
+DX = {name: _dense_only(name, planner) for name, planner in
+      (("dx_laplace", plan_dx_laplace), ("dx_mwem", plan_dx_mwem),
+       ("dx_smalldb", plan_dx_smalldb))}
 
 
 def _synthetic_parts(workloads, answers) -> list:

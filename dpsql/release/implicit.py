@@ -48,10 +48,22 @@ def compile_for(ask: Ask, public: Public):
     request is one the implicit path serves, else the dense form."""
     from dpsql.sql import memo
 
+    from dpsql.errors import UnsupportedQueryError
+    from dpsql.sql.compile import MAX_CELLS
+
     policy, queries = public.parse(ask.sql)
     key = memo.batch_key(ask.sql, public.policies)
     workload = memo.compiled(key, queries, policy, implicit=True)
-    if getattr(workload, "implicit", False) and _dense_only(ask, policy, queries) is not None:
+    reason = _dense_only(ask, policy, queries) if getattr(workload, "implicit", False) \
+        else None
+    if reason is not None:
+        if workload.n_cells > MAX_CELLS:
+            raise UnsupportedQueryError(
+                f"{reason} needs the batch's full cell product, and this batch's has "
+                f"{workload.n_cells:,} cells (limit {MAX_CELLS:,}): batches this wide are "
+                "answered through Kronecker blocks, which do not serve it yet; nothing was "
+                "charged; ask without it (strategy auto, epsilon, no nonnegative/integer "
+                "post-processing) or split the batch over fewer columns")
         workload = memo.compiled(key, queries, policy)
     return policy, queries, workload
 

@@ -9,7 +9,9 @@ release of issue 20, a batch mixing COUNT, SUM and AVG read by one ``data_vector
 and each step
 boundary of ``dpsql/release/path.py`` and the kernel (after the plan, before the charge,
 after the charge's commit, after the data vector or the marginals are read, after the first
-noise draw, after the kernel returns, after inference, between result-table writes, before
+noise draw, after the kernel returns, after inference, after the result rows are staged and
+after every result table is created (one bulk write, :func:`dpsql.store.database.
+write_tables`), before
 and after ``mark_released``, after the measurements are stored, after the results' commit),
 a child process runs the release and
 
@@ -112,8 +114,8 @@ POINTS = [
     ("noise", "sampler", "after", 1, "charged"),
     ("measured", "dpsql.release.path:KernelHandle.receipt", "after", 1, "charged"),
     ("inferred", "dpsql.release.path:write_results", "before", 1, "charged"),
-    ("table_1", "dpsql.store.database:write_table", "after", 1, "charged"),
-    ("table_2", "dpsql.store.database:write_table", "after", 2, "charged"),
+    ("staged", "dpsql.store.database:_stage_rows", "after", 1, "charged"),
+    ("tables", "dpsql.store.database:_create_tables", "after", 1, "charged"),
     ("before_mark", "dpsql.store.ledger:mark_released", "before", 1, "charged"),
     ("after_mark", "dpsql.store.ledger:mark_released", "after", 1, "charged"),
     ("measurements", "dpsql.mechanisms.reuse.records:store", "after", 1, "charged"),
@@ -127,15 +129,15 @@ RETRIED = {"planned", "charged", "after_mark", "committed"}
 #: where a real Ctrl-C is sent: the boundaries of the guard (it starts after planning and the
 #: budget pre-check, ends with the results' commit) and one point of each step between;
 #: kill and the raised interrupt cover every point
-SIGNALLED = {"planned", "before_charge", "charged", "noise", "inferred", "table_1",
+SIGNALLED = {"planned", "before_charge", "charged", "noise", "inferred", "staged",
              "after_mark", "committed"}
 #: on the implicit routes, where the raised interrupt and Ctrl-C are injected and a kill is
 #: retried: their own code, from the charge in ``release_marginals`` to the inference (the
 #: rest is the shared path's, covered by the dense routes; a kill still hits every point)
 KERNEL_SECTION = {"charged", "marginals", "noise", "measured", "inferred"}
 IMPLICIT_RETRIED = {"charged"}
-_NOT = {"reuse": {"data_vector", "noise", "table_2", "measurements"},
-        "dx_smalldb": {"table_2", "measurements"},
+_NOT = {"reuse": {"data_vector", "noise", "measurements"},
+        "dx_smalldb": {"measurements"},
         **{r: {"data_vector"} for r in IMPLICIT}, "joint": {"data_vector"}}
 #: the points only some routes reach: the implicit routes read marginals, not x; the joint
 #: release reads x and the value sums in one call
@@ -433,8 +435,9 @@ KNOWN_CALLS = {
         "write": "committed", "done.append": PURE, "InterruptedAfterRelease": PURE},
     ("dpsql/release/path.py", "write_results"): {
         "engine.engine_errors": PURE, "con.execute": "after_mark", "zip": PURE,
-        "build_columns": PURE, "engine.write_table": "table_1", "list": PURE, "tuple": PURE,
+        "build_columns": PURE, "engine.write_tables": "tables", "list": PURE, "tuple": PURE,
         "len": PURE, "results.append": PURE, "ResultTable": PURE, "recorded.append": PURE,
+        "tables.append": PURE,
         "ledger.mark_released": "before_mark", "records.store": "measurements"},
     ("dpsql/release/path.py", "publish"): {"write_results": "committed", "make": PURE,
                                            "list": PURE},
