@@ -136,14 +136,20 @@ def test_joins_equal_duckdb_exact_join_answers(db):
             assert stderr < 1 and abs(value - truth.get(key, 0)) <= 5 * stderr, (stmt, key)
     assert ("none", "Female") in counts and ("none", "Female") not in \
         {tuple(r[:-1]) for r in exact(db, sql.split(";")[0])}
-    (med,) = (rows_by_key(t) for t in released(
-        db, "SELECT level, MEDIAN(age) AS m FROM adult JOIN education_levels USING (education) "
-            "GROUP BY level", strategy="hierarchical").results)
     truth = dict(exact(db, "SELECT level, median(age) FROM adult JOIN education_levels "
                            "USING (education) GROUP BY level"))
-    for level, m in truth.items():
-        assert abs(med[(level,)][0] - m) <= 1
-    assert med[("none",)][0] is None                                   # an empty public group
+    empty = []
+    for _ in range(3):
+        (med,) = (rows_by_key(t) for t in released(
+            db, "SELECT level, MEDIAN(age) AS m FROM adult JOIN education_levels "
+                "USING (education) GROUP BY level", strategy="hierarchical").results)
+        for level, m in truth.items():
+            assert abs(med[(level,)][0] - m) <= 1
+        empty.append(med[("none",)][0])
+    # an empty public group's median is NULL unless its noisy count is over 1.96 standard
+    # errors (probability 2.5% each): at least two of three NULL fails ~0.2% of the time
+    # when correct, and always when the rule is broken
+    assert sum(m is None for m in empty) >= 2, empty
 
 
 @pytest.mark.parametrize("kw", [{"strategy": "mwem", "delta": 0},
@@ -164,7 +170,10 @@ def test_refused_quantiles_and_joins_charge_nothing(db):
     for sql in ("SELECT QUANTILE_CONT(age, 1) FROM adult",
                 "SELECT MEDIAN(sex) FROM adult",
                 "SELECT COUNT(*) FROM adult RIGHT JOIN education_levels USING (education)",
-                "SELECT COUNT(*) FROM adult JOIN adult b USING (age)"):
+                "SELECT COUNT(*) FROM adult JOIN adult b USING (age)",
+                "SELECT MEDIAN(age) FROM adult; SELECT SUM(hours_per_week) FROM adult",
+                "SELECT level, COUNT(*) FROM adult JOIN education_levels USING (education) "
+                "GROUP BY level; SELECT AVG(age) FROM adult"):
         with pytest.raises(UnsupportedQueryError):
             db.answer(sql, epsilon=1, delta=1e-6)
     assert snapshot(db) == before and db.budget("adult") == budget
