@@ -37,7 +37,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from dpsql.errors import StrategyError, UnsupportedQueryError
+from dpsql.errors import StrategyError
 from dpsql.inference import ratios
 from dpsql.inference.least_squares import LeastSquares
 from dpsql.kernel.joint import block_sensitivity, whitened_sensitivity
@@ -60,14 +60,6 @@ def refuse_unserved(ask: Ask, policy, workload) -> None:
     if getattr(workload, "implicit", False):      # compile_for gives SUM batches the dense
         raise StrategyError("internal error: a batch with SUM or AVG reached the "  # form
                             "high-dimensional path")
-    assembled = next((o.query for o in workload.outputs if getattr(o, "assembled", False)),
-                     None)
-    if assembled is not None:        # its rows are shared and reordered (sql/expand.py)
-        shown = "a quantile" if assembled.quantile is not None else \
-            "GROUP BY on a public table's column"
-        raise UnsupportedQueryError(
-            f"statement {assembled.index + 1}: {shown} in a batch with SUM or AVG is not "
-            "answered yet; nothing was charged; submit the SUM/AVG statements and the others as two batches")
     if ask.objective is not None:
         raise StrategyError("accuracy targets are for COUNT batches; a batch with SUM or AVG "
                             "asks by epsilon (see its expected errors with explain)")
@@ -212,8 +204,7 @@ class JointReleasePlan(Plan):
             answers.append(solver.answers(v.workload.W, m.y[start:stop]))
             start = stop
         kinds = self.split.kinds
-        ranges = [_avg_range(out.query) for out in self.split.base.outputs
-                  for _ in range(out.stop - out.start)]
+        ranges = [_avg_range(q) for q in self.split.owners]
         value, se, low, high, n_null = ratios.assemble(
             kinds, self.split.numerator, self.split.denominator, answers,
             [e.stderr for e, _ in self.parts], list(self.halfwidths), ranges)
