@@ -11,7 +11,7 @@ from dpsql.interfaces.dbapi_binding import _Template
 from dpsql.interfaces.dbapi_errors import (Error, ProgrammingError, _backend, check_closed,
                                           error_class)
 from dpsql.interfaces.dbapi_types import _ANSWER_COLUMNS, _type_code
-from dpsql.request import settings_for
+from dpsql.request.declared import settings_for
 from dpsql.session import InterruptedAfterRelease
 from dpsql.sql.marker import has_marker, walk
 
