@@ -47,6 +47,9 @@ class Session:
         ``on_lock_wait(holder, remaining)``: called about once per second while another
         process holds the database (:class:`dpsql.store.database.Database`)."""
         self.reuse = SETTINGS["reuse"].parse(reuse)
+        #: None, or a callable giving the release ids answers may be built from (reuse):
+        #: the server limits each analyst to the releases charged to them
+        self.reuse_scope = None
         self.db = engine.Database(path, lock_timeout=lock_timeout, on_lock_wait=on_lock_wait)
         self.kernel = Kernel(sampler)
         self._running: set = set()          # the tokens of requests in flight
@@ -172,7 +175,8 @@ class Session:
         return readback.plan(self.db, [sql] if isinstance(sql, str) else list(sql))
 
     def _public(self, con) -> Public:
-        return Public(con, ledger.load_policies(con), self.kernel.private)
+        scope = None if self.reuse_scope is None else frozenset(self.reuse_scope())
+        return Public(con, ledger.load_policies(con), self.kernel.private, scope)
 
     def _write(self, con, receipt, plan, answers, ask) -> Release:
         """The release path's write step (:func:`dpsql.release.path.publish`): the result
