@@ -6,7 +6,8 @@ connection's workload block); ``set`` and ``show``
 (``dpsql.*`` settings through the one declaration; the driver settings PostgreSQL clients
 send are accepted and ignored); ``explain``; ``noop`` (DISCARD, DEALLOCATE, ...);
 ``release`` (reads a protected table: only through a charged release); ``public``
-(catalog, one's own result tables, ``dpsql_budget``: the shadow catalog);
+(catalog, one's own result tables, tables shared with one as ``owner.name``,
+``dpsql_budget``: the shadow catalog);
 ``denied`` (any other table: another analyst's results, dpsql's internal tables).
 """
 
@@ -129,6 +130,8 @@ def _reads(sql: str, protected: set, visible: set) -> str:
     for schema, name in tables:
         if schema in PUBLIC_SCHEMAS or (schema in ("", "main", "public") and name in visible):
             continue
+        if schema and f"{schema}.{name}" in visible:      # shared with this analyst
+            continue
         if schema == "" and (name.startswith("pg_") or name.startswith("duckdb_")):
             continue
         return "denied"
@@ -137,6 +140,7 @@ def _reads(sql: str, protected: set, visible: set) -> str:
 
 def denied_name(sql: str, visible: set) -> str:
     for schema, name in sorted(tables_of(sql) or ()):
-        if schema not in PUBLIC_SCHEMAS and name not in visible:
-            return f"{schema}.{name}" if schema else name
+        qualified = f"{schema}.{name}" if schema else name
+        if schema not in PUBLIC_SCHEMAS and name not in visible and qualified not in visible:
+            return qualified
     return "?"
