@@ -168,6 +168,11 @@ class Session:
         (:mod:`dpsql.store.readback`)."""
         return readback.read(self.db, sql)
 
+    def table_names(self) -> tuple[set, set]:
+        """(protected tables, result tables), lower case: how scripts tell their reads of
+        result tables from their workloads (:func:`dpsql.sql.script.parse_script`)."""
+        return readback.names(self.db)
+
     def read_plan(self, sql: str | Sequence[str]) -> list | None:
         """A submission without workload markers as ("answer", [statements]) workloads and
         ("read", [statement]) result-table reads, in order; None when it reads no result

@@ -18,6 +18,7 @@ from sqlglot.tokens import TokenType
 from dpsql.errors import (DpsqlError, ParseError, PrivacyParameterError, ScriptError,
                           UnsupportedQueryError, WorkloadBlockError)
 from dpsql.sql import marker as markers
+from dpsql.sql.readback import reads as reading
 from dpsql.sql.parse import split_statements
 from dpsql.sql.refusals import _position
 
@@ -79,8 +80,7 @@ class ScriptWorkload:
 
     @property
     def lines(self) -> str:
-        a, b = self.statements[0].line, self.statements[-1].end_line
-        return f"line {a}" if a == b else f"lines {a}-{b}"
+        return _lines(self.statements)
 
     @property
     def label(self) -> str:
@@ -108,14 +108,28 @@ class ScriptWorkload:
 
 
 @dataclass(frozen=True)
+class ScriptRead:
+    """A read of result tables (free post-processing), run after ``after`` workloads."""
+
+    number: int                  # from 1
+    statement: Statement
+    after: int
+
+    @property
+    def label(self) -> str:
+        return f"read {self.number} ({_lines([self.statement])})"
+
+
+@dataclass(frozen=True)
 class Script:
     text: str
     digest: str                  # SHA-256 of the normalized script
     workloads: tuple             # ScriptWorkload
+    reads: tuple = ()            # ScriptRead
 
 
 def parse_script(text: str, *, declared: dict, defaults: dict | None = None,
-                 release: str | None = None) -> Script:
+                 release: str | None = None, tables: tuple | None = None) -> Script:
     """Split a script into workloads with their settings and release names (no database).
 
     ``declared``: the settings a script may set, by name (:data:`dpsql.request.declared.SETTINGS`
@@ -124,7 +138,8 @@ def parse_script(text: str, *, declared: dict, defaults: dict | None = None,
     the one parser every interface shares. ``defaults``: the caller's values, already
     parsed (at most one of epsilon and the targets); the script's ``SET`` statements
     override them. ``release``: the caller's release name, which overrides every
-    ``SET dpsql.release``."""
+    ``SET dpsql.release``. ``tables``: (protected, result tables) of the database: a query
+    reading result tables (:func:`dpsql.sql.readback.reads`) is then a :class:`ScriptRead`."""
     if not isinstance(text, str):
         raise ParseError("a script must be SQL text")
     defaults = {k: v for k, v in (defaults or {}).items() if v is not None}
@@ -132,12 +147,16 @@ def parse_script(text: str, *, declared: dict, defaults: dict | None = None,
     check_asks(*(defaults.get(k) for k in asks), " as defaults")
     split = _split(text)         # the digest counts the markers: they group the workloads
     digest = hashlib.sha256(";\n".join(s.normalized for s in split).encode()).hexdigest()
-    grouping = _Grouping(declared, defaults)
-    for st in _blocks(split):
+    reads = set() if tables is None else {
+        id(st) for st, read in zip(split, reading([s.normalized for s in split], *tables))
+        if read}
+    grouping = _Grouping(declared, defaults, reads)
+    for st in _blocks(split, reads):
         grouping.add(st)
     return Script(text, digest, tuple(
         _workload(k, settings, group, asks, declared, release, digest)
-        for k, (settings, group) in enumerate(grouping.finish(), 1)))
+        for k, (settings, group) in enumerate(grouping.finish(), 1)),
+        tuple(ScriptRead(k, st, after) for k, (after, st) in enumerate(grouping.reads, 1)))
 
 
 class _Grouping:
@@ -147,8 +166,10 @@ class _Grouping:
     (the declared defaults, then the caller's, then every ``SET`` before it); a ``SET``
     after a query, and the start or end of a workload block, end the workload."""
 
-    def __init__(self, declared: dict, defaults: dict):
+    def __init__(self, declared: dict, defaults: dict, reads: set):
         self.declared = declared
+        self.reading = reads         # id() of the statements that are reads
+        self.reads: list[tuple[int, Statement]] = []     # (workloads before, read)
         self.current = {name: setting.default for name, setting in declared.items()} | defaults
         self.groups: list[tuple[dict, list[Statement]]] = []
         self.pending_set: Statement | None = None
@@ -165,6 +186,9 @@ class _Grouping:
             raise UnsupportedQueryError(
                 f"this SET form is not supported; write SET dpsql.<name> = <value> "
                 f"({_allowed(self.declared)})", st.line, st.column)
+        elif id(st) in self.reading:      # a read of result tables ends the workload
+            self.reads.append((len(self.groups), st))
+            self.new_group = True
         else:
             self.query(st)
 
@@ -193,7 +217,7 @@ class _Grouping:
             raise UnsupportedQueryError(
                 "this SET is followed by no query, so it would have no effect; settings apply "
                 "to the queries after them", self.pending_set.line, self.pending_set.column)
-        if not self.groups:
+        if not self.groups and not self.reads:
             raise ParseError("the script has no query (only settings and comments)")
         return self.groups
 
@@ -264,11 +288,12 @@ def _split(text: str) -> list[Statement]:
 _BREAK = object()     # where a workload block starts or ends, in what _blocks returns
 
 
-def _blocks(statements: list[Statement]) -> list:
+def _blocks(statements: list[Statement], reads: set) -> list:
     """The statements with the workload markers applied (:mod:`dpsql.sql.marker`): each
     ``BEGIN WORKLOAD`` and ``COMMIT`` of a block becomes a break between workloads, a
     rolled-back block's statements are dropped, plain ``BEGIN`` / ``COMMIT`` / ``ROLLBACK``
-    are no-ops. Nested, unclosed blocks and a SET inside a block are refused."""
+    are no-ops. Nested, unclosed blocks, a SET and a read of result tables inside a block
+    are refused."""
     out: list = []
     block, start, opened = markers.WorkloadBlock(), 0, None
     for st in statements:
@@ -278,6 +303,10 @@ def _blocks(statements: list[Statement]) -> list:
                     f"a SET inside a workload block (opened at line {opened.line}); put "
                     "settings before BEGIN WORKLOAD: a block is one workload with one "
                     "set of settings", st.line, st.column)
+            if block.is_open and id(st) in reads:
+                raise WorkloadBlockError(
+                    f"a read of result tables inside a workload block (opened at line "
+                    f"{opened.line}); read them after COMMIT", st.line, st.column)
             out.append(st)
         elif st.marker == markers.BEGIN_WORKLOAD:
             block.begin(st.line, st.column)
