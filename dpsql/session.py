@@ -28,6 +28,7 @@ from dpsql.release import path as release_path
 from dpsql.release.mechanism import Ask, Public
 from dpsql.release.support import (InterruptedAfterRelease, _completed_on_interrupt,
                                    request_matches)
+from dpsql.sql import probe
 from dpsql.sql.compile import Workload
 from dpsql.store import database as engine
 from dpsql.store import ledger, readback
@@ -167,6 +168,21 @@ class Session:
         one with a protected table, a table function or an unknown table
         (:mod:`dpsql.store.readback`)."""
         return readback.read(self.db, sql)
+
+    def probe(self, sql: str) -> ResultTable | None:
+        """A schema probe of a protected table (``SELECT * FROM t WHERE 1=0``, ``... LIMIT
+        0``: :mod:`dpsql.sql.probe`) answered from its declared columns: no row, no data
+        read, nothing charged. None for any other query, and for a column not declared."""
+        asked = probe.probe(sql) if isinstance(sql, str) else None
+        policy = self.policies().get(asked.table) if asked is not None else None
+        if policy is None:
+            return None
+        declared = {c.lower(): c for c in policy.column_names}
+        names = [declared.get(c) for c in asked.columns or declared]
+        if None in names:
+            return None
+        return ResultTable(policy.table, tuple(names), [],
+                           tuple(engine.key_sql_type(policy.column(c)) for c in names))
 
     def table_names(self) -> tuple[set, set]:
         """(protected tables, result tables), lower case: how scripts tell their reads of

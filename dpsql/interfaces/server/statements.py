@@ -5,7 +5,8 @@ recognised by :mod:`dpsql.sql.marker`, the one recognition, and handled by the D
 connection's workload block); ``set`` and ``show``
 (``dpsql.*`` settings through the one declaration; the driver settings PostgreSQL clients
 send are accepted and ignored); ``explain``; ``noop`` (DISCARD, DEALLOCATE, ...);
-``release`` (reads a protected table: only through a charged release); ``public``
+``release`` (reads a protected table: only through a charged release, except a schema
+probe, :mod:`dpsql.sql.probe`, which the shadow's empty table answers); ``public``
 (catalog, one's own result tables, tables shared with one as ``owner.name``,
 ``dpsql_budget``: the shadow catalog);
 ``denied`` (any other table: another analyst's results, dpsql's internal tables).
@@ -20,6 +21,7 @@ from sqlglot import exp
 from sqlglot.tokens import TokenType
 
 from dpsql.sql import marker
+from dpsql.sql.probe import probe
 
 _WORD = re.compile(r"\s*([A-Za-z_]+)")
 _SET = re.compile(r"^\s*SET\s+(?:SESSION\s+|LOCAL\s+)?([A-Za-z_][\w.]*)\s*(?:=|\bTO\b)\s*(.*?)"
@@ -123,8 +125,9 @@ def _reads(sql: str, protected: set, visible: set) -> str:
         catalog = ("pg_catalog" in low or "information_schema" in low)
         return "public" if catalog and not (words & protected) else "release"
     names = {name for _, name in tables}
-    if names & protected:
-        return "release"
+    if names & protected:     # a schema probe (WHERE 1=0, LIMIT 0) returns no row: the
+        asked = probe(sql, "postgres")          # shadow's empty table answers it
+        return "public" if asked is not None and asked.table in protected else "release"
     if first_word(sql) not in ("SELECT", "WITH", "TABLE", "VALUES"):
         return "release" if first_word(sql) == "CREATE" else "unsupported"
     for schema, name in tables:
