@@ -82,11 +82,13 @@ def rewrite(text: str, user: str, protected) -> str:
     statement unchanged). A target in another schema (another analyst's ``owner.name``)
     is refused with 42501; a reserved name as every interface refuses it (0A000)."""
     try:
-        trees = sqlglot.parse(text, read="duckdb")
+        trees = [t for t in sqlglot.parse(text, read="duckdb")
+                 if t is not None and not isinstance(t, exp.Semicolon)]
     except sqlglot.errors.SqlglotError:
         return text           # the release path reports the syntax error
-    if len(trees) != 1 or not isinstance(trees[0], exp.Create):
-        return text
+    if len(trees) != 1 or not isinstance(trees[0], exp.Create) \
+            or str(trees[0].args.get("kind") or "").upper() != "TABLE":
+        return text           # not a result table (the release path refuses CREATE VIEW ...)
     table = trees[0].this
     table = table.this if isinstance(table, exp.Schema) else table
     if not isinstance(table, exp.Table) or not isinstance(table.this, exp.Identifier):
