@@ -12,6 +12,7 @@ from dpsql.interfaces.dbapi_errors import (Error, ProgrammingError, _backend, ch
                                           error_class)
 from dpsql.interfaces.dbapi_types import _ANSWER_COLUMNS, _type_code
 from dpsql.request.declared import settings_for
+from dpsql.request.value import yield_to_options
 from dpsql.session import InterruptedAfterRelease
 from dpsql.sql.marker import has_marker, walk
 
@@ -149,7 +150,7 @@ class Cursor:
         self._sets = (self._sets or []) + [table]
 
     def _release(self, sql: str | list[str]) -> None:
-        settings = self.connection._snapshot()
+        settings = yield_to_options(self.connection._snapshot(), sql)   # OPTIONS (...) win
         try:
             with _backend(), self.connection._planning():
                 release = self.connection._session.answer(sql, **settings)

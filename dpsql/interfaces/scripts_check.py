@@ -32,6 +32,8 @@ def _planned_rho(expl: Explanation, epsilon: Fraction) -> Fraction | None:
         return epsilon * epsilon / 2
     if expl.mechanism != "gaussian":
         return None
+    if getattr(expl, "planned_rho", None) is not None:      # as the planner will charge it
+        return Fraction(expl.planned_rho) * (1 + Fraction(1, 10**12))
     best = next((c for c in expl.candidates if c.strategy == expl.strategy
                  and c.mechanism == expl.mechanism), None)
     if best is None or getattr(best, "plan", None) is None:

@@ -19,6 +19,14 @@ An optional ``zcdp_delta`` is the share of ``delta`` reserved for the zCDP accou
 ``delta - zcdp_delta``. It defaults to half of ``delta``; ``0`` means basic composition alone.
 Policies saved before this setting existed read back as ``0`` (never more budget than the
 rule they were protected under).
+User-level privacy: ``privacy_unit = "person_id"`` with ``max_rows_per_unit = k`` makes the
+neighbouring relation "add or remove one unit" (every row of one person): the engine keeps at
+most ``k`` rows per unit, chosen by a keyed hash (:mod:`dpsql.engines.duckdb`, the key drawn
+at ``protect`` and kept out of the policy's JSON, :func:`dpsql.store.ledger.save_policy`), and
+every sensitivity is multiplied by ``k`` (:attr:`TablePolicy.contribution`; derivation in
+:mod:`dpsql.workload.values`). A row whose unit is NULL is a unit of its own.
+``max_groups_per_unit`` is refused: a unit's rows bound its groups already (``k`` rows fall
+in at most ``k`` groups), and a separate group cap would need a second, per-query selection.
 Domains are never inferred from data. Budgets are kept as exact fractions (floats are read through
 their shortest decimal form, so ``0.1`` is exactly one tenth).
 """
@@ -37,7 +45,12 @@ from dpsql.workload.domain import Domain, domain_from_spec
 from dpsql.workload import limits as planning
 from dpsql.errors import PolicyError, PrivacyParameterError, read_input_file
 
-_TABLE_FIELDS = {"epsilon", "delta", "columns", "rows", "metric", "zcdp_delta"}
+_TABLE_FIELDS = {"epsilon", "delta", "columns", "rows", "metric", "zcdp_delta",
+                 "privacy_unit", "max_rows_per_unit", "max_groups_per_unit"}
+
+#: the largest ``max_rows_per_unit``: every sensitivity is multiplied by it, so a larger one
+#: only buys noise (a unit with more rows than this is better summarised before protecting)
+MAX_ROWS_PER_UNIT = 1_000_000
 
 
 def _is_identifier(name: str) -> bool:
@@ -57,6 +70,16 @@ class TablePolicy:
     #: share of ``delta`` reserved for the zCDP accountant, fixed when the table is protected
     #: (0: basic composition alone, the value for policies saved before the setting existed)
     zcdp_delta: Fraction = Fraction(0)
+    #: user-level privacy: the column naming each row's unit (a person), and how many rows
+    #: of one unit are kept at most (None, None: row-level privacy)
+    privacy_unit: str | None = None
+    max_rows_per_unit: int | None = None
+
+    @property
+    def contribution(self) -> int:
+        """How many rows one unit of privacy adds or removes at most: ``max_rows_per_unit``
+        under user-level privacy, else 1 (a row). Every sensitivity is multiplied by it."""
+        return self.max_rows_per_unit if self.privacy_unit is not None else 1
 
     @property
     def budget(self):
@@ -87,6 +110,9 @@ class TablePolicy:
         if self.metric is not None:
             doc["metric"] = self.metric.describe()
         doc["zcdp_delta"] = fraction_to_text(self.zcdp_delta)
+        if self.privacy_unit is not None:
+            doc["privacy_unit"] = self.privacy_unit
+            doc["max_rows_per_unit"] = self.max_rows_per_unit
         return json.dumps(doc)
 
     @classmethod
@@ -105,7 +131,34 @@ class TablePolicy:
         zcdp = raw.get("zcdp_delta")
         return cls(raw["table"], fraction_from_text(raw["epsilon"]),
                    fraction_from_text(raw["delta"]), cols, rows=raw.get("rows"), metric=metric,
-                   zcdp_delta=Fraction(0) if zcdp is None else fraction_from_text(zcdp))
+                   zcdp_delta=Fraction(0) if zcdp is None else fraction_from_text(zcdp),
+                   privacy_unit=raw.get("privacy_unit"),
+                   max_rows_per_unit=raw.get("max_rows_per_unit"))
+
+
+def _privacy_unit(table: str, spec: Mapping[str, Any]) -> tuple[str | None, int | None]:
+    """(privacy_unit, max_rows_per_unit) of a policy entry: both or neither."""
+    if spec.get("max_groups_per_unit") is not None:
+        raise PolicyError(
+            f"policy for table {table!r}: max_groups_per_unit is not supported: a unit's rows "
+            "are capped by max_rows_per_unit, which bounds its groups too (k rows fall in at "
+            "most k groups); drop max_groups_per_unit and declare max_rows_per_unit")
+    unit, k = spec.get("privacy_unit"), spec.get("max_rows_per_unit")
+    if unit is None and k is None:
+        return None, None
+    if unit is None or k is None:
+        raise PolicyError(
+            f"policy for table {table!r}: user-level privacy needs both privacy_unit (the "
+            "column naming each row's person) and max_rows_per_unit (how many of a person's "
+            "rows are kept at most); declare both, or neither for row-level privacy")
+    if not _is_identifier(unit):
+        raise PolicyError(f"policy for table {table!r}: privacy_unit must name a column "
+                          f"with a plain SQL identifier, got {unit!r}")
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_ROWS_PER_UNIT:
+        raise PolicyError(
+            f"policy for table {table!r}: max_rows_per_unit must be an integer from 1 to "
+            f"{MAX_ROWS_PER_UNIT:,} (every sensitivity is multiplied by it), got {k!r}")
+    return unit.lower(), k
 
 
 def _zcdp_delta(table: str, spec: Mapping[str, Any], delta: Fraction) -> Fraction:
@@ -177,8 +230,9 @@ def table_policy_from_spec(table: str, spec: Mapping[str, Any]) -> TablePolicy:
         from dpsql.policy.record_metric import MetricModel
 
         metric = MetricModel.from_dict(spec["metric"], table=table, domains=dict(cols))
+    unit, k = _privacy_unit(table, spec)
     return TablePolicy(table.lower(), epsilon, delta, tuple(cols), rows=rows, metric=metric,
-                       zcdp_delta=zcdp_delta)
+                       zcdp_delta=zcdp_delta, privacy_unit=unit, max_rows_per_unit=k)
 
 
 def _usable(table: str, name: str, domain):

@@ -16,9 +16,14 @@ DOC = "docs/sql.md"
 #: kind -> (what to write instead, section of docs/sql.md)
 HINTS: dict[str, tuple[str, str]] = {
     "aggregate": (
-        "SUM, AVG, MIN, MAX and quantiles are coming in the SQL-surface work; until then "
-        "the only aggregate is COUNT(*) or COUNT(column): count per declared bin (GROUP BY "
-        "the column, or WHERE ranges on its declared edges) for a histogram", "aggregates"),
+        "the aggregates are COUNT(*), COUNT(column), and SUM(column) or AVG(column) over a "
+        "bounded column (SUM(CLAMP(column, lo, hi)) for tighter bounds); MIN, MAX and "
+        "quantiles are not answered yet: count per declared bin (GROUP BY the column, or "
+        "WHERE ranges on its declared edges) for a histogram", "aggregates"),
+    "bounds": (
+        "SUM and AVG clamp each row's value to bounds: declare the column integer or numeric "
+        "with min and max, or write SUM(CLAMP(column, lo, hi)) with constant bounds",
+        "sums-and-averages"),
     "count_form": (
         "count rows with COUNT(*) or COUNT(column)", "aggregates"),
     "one_table": (

@@ -36,16 +36,38 @@ Predicate = Atom | BoolOp | Const
 
 
 @dataclass(frozen=True)
+class Value:
+    """The bounded column a SUM or AVG adds up: each row's value clamped to ``[lo, hi]``
+    (exact; the policy's ``min``/``max`` unless ``clamped``: bounds from the query's
+    ``CLAMP(col, lo, hi)`` / ``CLAMPED BETWEEN``). See :mod:`dpsql.workload.values`."""
+
+    column: str
+    lo: Any
+    hi: Any
+    clamped: bool = False
+
+    @property
+    def label(self) -> str:
+        """How explain and the ledger name the value vector: ``hours_per_week[0, 100]``."""
+        def show(v):
+            return str(v.numerator) if v.denominator == 1 else repr(float(v))
+        return f"{self.column}[{show(self.lo)}, {show(self.hi)}]"
+
+
+@dataclass(frozen=True)
 class Query:
     """One statement of a batch, validated against the allow-list."""
 
     index: int                  # position in the batch, from 0
     table: str                  # protected table (lower case)
     where: Predicate | None
-    count_column: str | None    # COUNT(col): rows where col IS NOT NULL
-    count_name: str             # output column for the count ("count" unless aliased)
+    count_column: str | None    # COUNT(col), AVG(col): rows where col IS NOT NULL
+    count_name: str             # output column of the aggregate ("count", "sum", "avg" unless
+                                # aliased)
     key_columns: tuple          # output key columns: (source column, output name)
     grouping_sets: tuple        # tuple of tuples of source columns; ((),) when no GROUP BY
     target: str | None          # CREATE TABLE name
     replace: bool               # CREATE OR REPLACE
     sql: str                    # the statement, normalised
+    aggregate: str = "count"    # count, sum (of ``value``), avg (sum of ``value`` / count)
+    value: Value | None = None  # the bounded column of a sum or avg

@@ -18,6 +18,7 @@ from sqlglot.tokens import TokenType
 from dpsql.errors import (DpsqlError, ParseError, PrivacyParameterError, ScriptError,
                           UnsupportedQueryError, WorkloadBlockError)
 from dpsql.sql import marker as markers
+from dpsql.sql import bigquery
 from dpsql.sql.readback import reads as reading
 from dpsql.sql.parse import split_statements
 from dpsql.sql.refusals import _position
@@ -154,8 +155,9 @@ def parse_script(text: str, *, declared: dict, defaults: dict | None = None,
     for st in _blocks(split, reads):
         grouping.add(st)
     return Script(text, digest, tuple(
-        _workload(k, settings, group, asks, declared, release, digest)
-        for k, (settings, group) in enumerate(grouping.finish(), 1)),
+        _workload(k, _with_options(settings, group, declared, was_set), group, asks, declared,
+                  release, digest)
+        for k, (settings, group, was_set) in enumerate(grouping.finish(), 1)),
         tuple(ScriptRead(k, st, after) for k, (after, st) in enumerate(grouping.reads, 1)))
 
 
@@ -171,10 +173,11 @@ class _Grouping:
         self.reading = reads         # id() of the statements that are reads
         self.reads: list[tuple[int, Statement]] = []     # (workloads before, read)
         self.current = {name: setting.default for name, setting in declared.items()} | defaults
-        self.groups: list[tuple[dict, list[Statement]]] = []
+        self.groups: list[tuple[dict, list[Statement], frozenset]] = []
         self.pending_set: Statement | None = None
         self.asked: dict = {}        # epsilon / target set since the last query: (line, column)
         self.new_group = False       # a workload block started or ended: so does the workload
+        self.explicit: set = set()   # the settings a SET has given so far (OPTIONS yield to them)
 
     def add(self, st) -> None:
         """One statement of :func:`_blocks`' list, to the handler of its kind."""
@@ -198,7 +201,7 @@ class _Grouping:
 
     def setting(self, st: Statement) -> None:
         """``SET dpsql.<name> = <value>``: the settings of the queries after it."""
-        _apply_set(st, self.current, self.declared, self.asked)
+        self.explicit |= _apply_set(st, self.current, self.declared, self.asked)
         self.pending_set = st
 
     def query(self, st: Statement) -> None:
@@ -206,13 +209,14 @@ class _Grouping:
         name is checked before spending, :mod:`dpsql.interfaces.scripts_check`): it joins
         the current workload, or starts one after a ``SET`` or a block's start or end."""
         if self.pending_set is not None or not self.groups or self.new_group:
-            self.groups.append((dict(self.current), []))
+            self.groups.append((dict(self.current), [], frozenset(self.explicit)))
         self.pending_set, self.new_group = None, False
         self.asked = {}
         self.groups[-1][1].append(st)
 
-    def finish(self) -> list[tuple[dict, list[Statement]]]:
-        """The groups (settings, queries); refuses a trailing SET and a script of no query."""
+    def finish(self) -> list[tuple[dict, list[Statement], frozenset]]:
+        """The groups (settings, queries, the names a SET gave); refuses a trailing SET and a
+        script of no query (a script of reads only has none, and that is fine)."""
         if self.pending_set is not None:
             raise UnsupportedQueryError(
                 "this SET is followed by no query, so it would have no effect; settings apply "
@@ -279,9 +283,22 @@ def _split(text: str) -> list[Statement]:
         start, end = toks[0].start, toks[-1].end + 1
         line, col = where(start)
         out.append(Statement(expr, start, end, semicolon, line, col, where(end - 1)[0],
-                             expr.sql(dialect="duckdb", comments=False),
+                             bigquery.with_clause(expr.sql(dialect="duckdb", comments=False),
+                                                  text[start:end]),
                              markers.marker_of([t.text for t in toks]) if len(toks) <= 2
                              else None))
+    return out
+
+
+def _with_options(settings: dict, group: list, declared: dict, was_set) -> dict:
+    """A workload's settings with its statements' ``WITH DIFFERENTIAL_PRIVACY OPTIONS``
+    (:mod:`dpsql.sql.bigquery`), which override the caller's defaults like a SET; a setting
+    the script SET (``was_set``) is kept, and the request refuses an option that differs."""
+    out = dict(settings)
+    for st in group:
+        for _, name, raw, *_ in bigquery.options(st.normalized):
+            if name in declared and name not in was_set:
+                out[name] = declared[name].parse(raw, "script")
     return out
 
 
@@ -329,9 +346,11 @@ def _lines(group: list[Statement]) -> str:
     return f"line {a}" if a == b else f"lines {a}-{b}"
 
 
-def _apply_set(st: Statement, current: dict, declared: dict, asked: dict) -> None:
-    """Apply one SET. ``asked``: which of epsilon / the accuracy targets were set since the
-    last query (two different ones for the same queries are refused)."""
+def _apply_set(st: Statement, current: dict, declared: dict, asked: dict) -> set:
+    """Apply one SET; return the names it set. ``asked``: which of epsilon / the accuracy
+    targets were set since the last query (two different ones for the same queries are
+    refused)."""
+    names = set()
     node = st.expr
     if node.args.get("unset") or node.args.get("tag") or not node.expressions:
         raise UnsupportedQueryError(f"this SET form is not supported; {_allowed(declared)}",
@@ -374,6 +393,8 @@ def _apply_set(st: Statement, current: dict, declared: dict, asked: dict) -> Non
             raise ParseError(str(exc), *at) from None
         if setting.ask:   # the workload asks by this one from now on
             current.update({k: None for k, s in declared.items() if s.ask and k != name})
+        names.add(name)
+    return names
 
 
 def _value_text(node, setting, name: str) -> str:
