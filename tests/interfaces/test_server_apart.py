@@ -260,3 +260,23 @@ def test_serve_and_user_take_their_settings_from_the_declarations(tmp_path):
         p = subprocess.run(dpsql + ["user", "add", users, name], input="pw\n",
                            capture_output=True, text=True)
         assert p.returncode == 65 and p.stderr.count("\n") == 1, (name, p.stderr)
+
+
+# --------------------------------------------------------------------------- OPTIONS
+
+def test_a_statements_options_are_what_the_allowance_is_charged(server):
+    """BigQuery's ``SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = ...)`` overrides the
+    connection's settings in the release (the DB-API's rule): the analyst's allowance must be
+    reserved and charged the statement's epsilon, not the connection's smaller one, or an
+    analyst could spend past their allowance."""
+    dp = ("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (epsilon = {}, delta = 1e-8) "
+          "count(*) FROM adult WHERE age > {}")
+    with connect(server, "bob", epsilon="0.001") as bob:
+        before = budget(bob)
+        entries = len(ledger(server))
+        over = refused(bob, dp.format(float(before[3]) + 0.05, 61))
+        assert over.sqlstate == "53400" and "allowance" in str(over), str(over)
+        assert budget(bob) == before and len(ledger(server)) == entries
+        bob.execute(dp.format(0.02, 62)).fetchall()
+        assert budget(bob)[2] == pytest.approx(float(before[2]) + 0.02)
+    assert ledger(server)[-1][1:3] == ("bob", pytest.approx(0.02))

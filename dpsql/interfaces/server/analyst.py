@@ -39,6 +39,7 @@ from dpsql.interfaces.server.results import Failure, Notice, Result
 from dpsql.interfaces.server.shadow import Shadow
 from dpsql.release.support import InterruptedAfterRelease
 from dpsql.request.declared import SETTINGS, settings_for
+from dpsql.sql import bigquery
 from dpsql.sql import marker
 
 #: the command tag of each marker (PostgreSQL's)
@@ -247,13 +248,24 @@ class AnalystConnection:
         policy, queries = conn.session._parse(sql, conn.session.policies())
         self._granted(policy.table)
         names.check_targets(self.account.user, queries)
-        eps = self.settings["epsilon"]
+        asked = self._asked(sql)
+        eps = asked["epsilon"]
         if eps is None:                  # an accuracy target: the epsilon it will spend
             eps = conn.cursor().explain(sql).epsilon
         eps = Fraction(repr(eps)) if isinstance(eps, float) else Fraction(eps)
-        if self.settings["model"] == "metric":     # the table's d_X budget only
+        if asked["model"] == "metric":     # the table's d_X budget only
             return policy.table, Spend(metric=eps)
-        return policy.table, Spend(eps, Fraction(self.settings["delta"]))
+        return policy.table, Spend(eps, Fraction(asked["delta"]))
+
+    def _asked(self, sql: str) -> dict:
+        """This connection's settings with the statement's ``WITH DIFFERENTIAL_PRIVACY
+        OPTIONS (...)`` in their place: the DB-API cursor releases with those (they win over
+        a connection's settings), so the allowance is reserved for what will be charged."""
+        asked = dict(self.settings)
+        for _, name, raw, *_ in bigquery.options(sql):
+            if name in WIRE_SETTINGS:
+                asked[name] = SETTINGS[name].parse(raw, "script")
+        return asked
 
     def _release(self, texts: list[str], execute: str | None = None) -> list:
         """Release ``texts`` as one workload (``execute``: what the DB-API cursor runs for
