@@ -15,6 +15,10 @@ Candidates today:
 - ``marginals`` (Laplace, pure ε) — each maximal clique's marginal, identity factors, L1
   sensitivity = the number of cliques (:class:`MarginalsChoice`); it wins for one or a few
   GROUP BYs, where Laplace at sensitivity 1 beats any Gaussian;
+- ``kron`` (Gaussian with δ > 0, or Laplace; only for batches with ranges or IN lists inside
+  their blocks, such as a quantile's CDF counts) — a union of Kronecker strategies
+  (:mod:`dpsql.strategies.union_kron`: HDMM's OPT⊗ per range column, OPT₊ weights over
+  groups of blocks; :class:`KronChoice`);
 - the dense candidates (``identity``, ``eigen``, …) need the full product; they are listed
   as skipped, with the product's size, when it is over
   :data:`dpsql.sql.implicit.DENSE_MAX_CELLS`.
@@ -53,6 +57,11 @@ class ResidualChoice:
     @property
     def sensitivity(self) -> float:
         return self.plan.sensitivity
+
+    @property
+    def n_measurements(self) -> int:
+        """(read with the sensitivity when a script pre-checks the charge's ρ)"""
+        return self.plan.n_measurements
 
     def scale(self, eps, dlt, calibration: str, contribution: int = 1) -> float:
         return calibrate_with_rounding(eps, dlt,

@@ -14,6 +14,8 @@ An optional ``rows = 32561`` declares the table's row count public (the data own
 decision: under add/remove-one-row neighbours the count is otherwise private); MWEM then
 uses it instead of spending budget on estimating it. An optional ``[tables.<t>.metric]``
 section declares a d_X (metric privacy) model with its own budget (:mod:`dpsql.policy.record_metric`).
+Optional ``[tables.<t>.public.<name>]`` sections declare public lookup tables a query may
+join on their key (:mod:`dpsql.policy.public`).
 An optional ``zcdp_delta`` is the share of ``delta`` reserved for the zCDP accountant
 (:mod:`dpsql.noise.composition`, docs/accounting.md): basic composition may then charge
 ``delta - zcdp_delta``. It defaults to half of ``delta``; ``0`` means basic composition alone.
@@ -41,11 +43,12 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from dpsql.noise.accounting import fraction_from_text, fraction_to_text, to_exact
+from dpsql.policy.public import public_tables
 from dpsql.workload.domain import Domain, domain_from_spec
 from dpsql.workload import limits as planning
 from dpsql.errors import PolicyError, PrivacyParameterError, read_input_file
 
-_TABLE_FIELDS = {"epsilon", "delta", "columns", "rows", "metric", "zcdp_delta",
+_TABLE_FIELDS = {"epsilon", "delta", "columns", "rows", "metric", "zcdp_delta", "public",
                  "privacy_unit", "max_rows_per_unit", "max_groups_per_unit"}
 
 #: the largest ``max_rows_per_unit``: every sensitivity is multiplied by it, so a larger one
@@ -74,6 +77,12 @@ class TablePolicy:
     #: of one unit are kept at most (None, None: row-level privacy)
     privacy_unit: str | None = None
     max_rows_per_unit: int | None = None
+    #: public lookup tables a query may JOIN on their key (:mod:`dpsql.policy.public`)
+    public: tuple = ()
+
+    def public_table(self, name: str):
+        """The declared public table ``name`` (a PublicTable), or None."""
+        return next((p for p in self.public if p.name == name.lower()), None)
 
     @property
     def contribution(self) -> int:
@@ -110,6 +119,8 @@ class TablePolicy:
         if self.metric is not None:
             doc["metric"] = self.metric.describe()
         doc["zcdp_delta"] = fraction_to_text(self.zcdp_delta)
+        if self.public:
+            doc["public"] = {p.name: p.describe() for p in self.public}
         if self.privacy_unit is not None:
             doc["privacy_unit"] = self.privacy_unit
             doc["max_rows_per_unit"] = self.max_rows_per_unit
@@ -132,6 +143,7 @@ class TablePolicy:
         return cls(raw["table"], fraction_from_text(raw["epsilon"]),
                    fraction_from_text(raw["delta"]), cols, rows=raw.get("rows"), metric=metric,
                    zcdp_delta=Fraction(0) if zcdp is None else fraction_from_text(zcdp),
+                   public=public_tables(raw["table"], raw.get("public"), dict(cols)),
                    privacy_unit=raw.get("privacy_unit"),
                    max_rows_per_unit=raw.get("max_rows_per_unit"))
 
@@ -232,7 +244,8 @@ def table_policy_from_spec(table: str, spec: Mapping[str, Any]) -> TablePolicy:
         metric = MetricModel.from_dict(spec["metric"], table=table, domains=dict(cols))
     unit, k = _privacy_unit(table, spec)
     return TablePolicy(table.lower(), epsilon, delta, tuple(cols), rows=rows, metric=metric,
-                       zcdp_delta=zcdp_delta, privacy_unit=unit, max_rows_per_unit=k)
+                       zcdp_delta=zcdp_delta, privacy_unit=unit, max_rows_per_unit=k,
+                       public=public_tables(table, spec.get("public"), dict(cols)))
 
 
 def _usable(table: str, name: str, domain):

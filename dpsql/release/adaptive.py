@@ -19,6 +19,7 @@ from dpsql.mechanisms.mwem.options import check_run
 from dpsql.noise.accounting import PrivacyCost
 from dpsql.release.mechanism import Answers, Ask, Cost, Plan, Public, Shown
 from dpsql.release.support import _request_params
+from dpsql.sql.expand import needs_assembly
 
 
 @dataclass
@@ -43,11 +44,20 @@ class SyntheticPlan(Plan):
 
 
 def counts_per_row(policy, queries, what: str) -> None:
-    """Refuse, before any charge, what these mechanisms do not answer: SUM/AVG (the matrix
-    mechanism's joint release answers them) and a table with a privacy unit (their
+    """Refuse, before any charge, what these mechanisms do not answer: quantiles and GROUP BY
+    on a public table's column, SUM/AVG (the matrix mechanism answers them) and a table with
+    a privacy unit (their
     sensitivities and metrics are for one row; the kernel refuses too)."""
     from dpsql.sql.vectors import has_values
 
+    for q in queries:           # answered from other rows' released answers (sql/expand.py)
+        if needs_assembly(q):
+            shown = ("a quantile" if q.quantile is not None
+                     else "GROUP BY on a public table's column")
+            raise UnsupportedQueryError(
+                f"statement {q.index + 1}: {shown} is answered by the matrix mechanism "
+                f"(strategy auto or a named strategy, model dp), not by {what}; submit it in "
+                "a batch of its own")
     if has_values(queries):
         raise StrategyError(f"{what} answers COUNT batches only; SUM and AVG are answered by "
                             "the matrix mechanism: use strategy 'auto' (model 'dp')")
@@ -115,8 +125,8 @@ def plan_dx_mwem(ask: Ask, public: Public) -> SyntheticPlan:
 def plan_dx_smalldb(ask: Ask, public: Public) -> SyntheticPlan:
     """d_X SmallDB (Kamalaruban et al. §3.2): one candidate histogram, selected by the d_X
     exponential mechanism in the kernel's metric oracle."""
+    counts_per_row(*public.parse(ask.sql), "a d_X (metric) release")
     policy, queries, workload = public.compile(ask.sql)
-    counts_per_row(policy, queries, "a d_X (metric) release")
     expl, size, graph = catalog.dx_smalldb_plan(policy, workload, ask.epsilon, ask.strategy)
     eps = Fraction(ask.epsilon)
 
@@ -153,8 +163,8 @@ class DxLaplacePlan(Plan):
 
 
 def plan_dx_laplace(ask: Ask, public: Public) -> DxLaplacePlan:
+    counts_per_row(*public.parse(ask.sql), "a d_X (metric) release")
     policy, queries, workload = public.compile(ask.sql)
-    counts_per_row(policy, queries, "a d_X (metric) release")
     expl, scales = catalog.explain_dx(policy, workload, ask.epsilon)
     cost = _metric_cost(ask, "dx_laplace", "dx_laplace", workload.n_queries, workload.n_cells,
                         expected_rmse=scales.expected_rmse)
@@ -175,6 +185,7 @@ def _dense_only(kind: str, planner):
             from dpsql.sql.compile import MAX_CELLS, compile_parts
 
             policy, queries = public.parse(ask.sql)
+            counts_per_row(policy, queries, kind)   # the refusal, if it was this one
             parts = compile_parts(queries, policy)
             if parts.n_cells <= MAX_CELLS:
                 raise

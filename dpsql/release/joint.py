@@ -204,12 +204,12 @@ class JointReleasePlan(Plan):
             answers.append(solver.answers(v.workload.W, m.y[start:stop]))
             start = stop
         kinds = self.split.kinds
-        ranges = [_avg_range(out.query) for out in self.split.base.outputs
-                  for _ in range(out.stop - out.start)]
+        ranges = [_avg_range(q) for q in self.split.owners]
         value, se, low, high, n_null = ratios.assemble(
             kinds, self.split.numerator, self.split.denominator, answers,
             [e.stderr for e, _ in self.parts], list(self.halfwidths), ranges)
-        parts = [(out, value, se, high - low, (low, high)) for out in self.split.base.outputs]
+        parts = [(out, value, se, (high - low) / 2, (low, high))
+                 for out in self.split.base.outputs]
         return Answers(parts, ratios.comment(kinds, n_null), None)
 
 

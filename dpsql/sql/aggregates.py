@@ -27,8 +27,8 @@ from typing import Any
 
 from sqlglot import exp
 
-from dpsql.sql import hints
-from dpsql.sql.ir import Value
+from dpsql.sql import hints, quantiles
+from dpsql.sql.ir import Quantile, Value
 from dpsql.sql.literals import _literal
 from dpsql.sql.refusals import _is_set, _reject
 from dpsql.workload.values import ValueBound
@@ -48,18 +48,22 @@ class Aggregate:
     count_column: str | None
     value: Value | None
     name: str
+    quantile: Quantile | None = None     # a quantile (kind "count": it is counts, its CDF)
 
 
 def is_aggregate(node: exp.Expression) -> bool:
     """Whether a SELECT item is an aggregate (dpsql's or BigQuery's spelling, supported or
     not: the unsupported ones are refused by :func:`read_aggregate` with a hint)."""
-    return isinstance(node, exp.AggFunc) or (
+    return isinstance(node, exp.AggFunc) or quantiles.is_quantile(node) or (
         isinstance(node, exp.Anonymous) and str(node.name).upper() in ANON)
 
 
 def read_aggregate(node: exp.Expression, item: exp.Expression, out_name: str | None,
                    column_name, policy: Any) -> Aggregate:
     """The statement's aggregate, or a refusal naming the construct and the fix."""
+    if quantiles.is_quantile(node):          # counts of its column's CDF (dpsql.sql.quantiles)
+        _, name, quantile = quantiles.aggregate(node, item, out_name, column_name, policy)
+        return Aggregate("count", None, None, name, quantile)
     if isinstance(node, exp.Anonymous):
         kind, args = ANON[str(node.name).upper()], list(node.expressions)
     elif type(node) in NATIVE:
@@ -74,6 +78,9 @@ def read_aggregate(node: exp.Expression, item: exp.Expression, out_name: str | N
         return Aggregate("count", _counted(node, args, column_name), None, out_name or "count")
     column, bounds = _value_argument(node, kind, args)
     name = column_name(column)
+    if "." in name:                          # a public table's column (dpsql.sql.joins)
+        raise _reject(f"{kind.upper()} of a public table's column", column,
+                      f"{kind.upper()} adds up a column of the protected table", at=item)
     value = _bounded(node, kind, name, bounds, policy)
     return Aggregate(kind, name if kind == "avg" else None, value, out_name or kind)
 

@@ -35,6 +35,7 @@ from dpsql.errors import UnsupportedQueryError
 from dpsql.sql.compile import (MAX_CELLS, Parts, compile_parts, dense_workload, group_rows,
                                make_output, output_keys)
 from dpsql.sql.conditions import _columns
+from dpsql.sql.expand import assemble, expand
 from dpsql.sql.ir import Const, Predicate, Query
 from dpsql.workload import limits as planning
 from dpsql.workload.blocks import KronBlock, UnionWorkload
@@ -280,7 +281,14 @@ def implicit_workload(queries: list[Query], policy, parts: Parts) -> ImplicitWor
 def compile_batch(queries: list[Query], policy):
     """The batch as a dense :class:`~dpsql.sql.compile.Workload` (small products, one
     column, or statements that are not Kronecker products) or an :class:`ImplicitWorkload`
-    (products over two or more columns above :data:`DENSE_MAX_CELLS` cells)."""
+    (products over two or more columns above :data:`DENSE_MAX_CELLS` cells). Quantiles and
+    GROUP BY on public columns are counts of the same batch (:mod:`dpsql.sql.expand`)."""
+    batch = expand(queries, policy)
+    return assemble(_compile_plain(batch.plain, policy), batch, policy)
+
+
+def _compile_plain(queries: list[Query], policy):
+    """:func:`compile_batch` for COUNT statements over the protected table's columns."""
     parts = compile_parts(queries, policy)
     if parts.n_cells <= DENSE_MAX_CELLS or len(parts.partitions) < 2:
         return dense_workload(queries, policy, parts)

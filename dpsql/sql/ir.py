@@ -8,7 +8,9 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Atom:
-    """``column op value``; op is a comparison, or ``isnull`` (value None)."""
+    """``column op value``; op is a comparison, ``isnull`` (value None), or ``units`` (value:
+    the truth per unit of the column's declared domain, a tuple; what a condition on a public
+    table's column becomes, :mod:`dpsql.sql.joins`)."""
 
     column: str
     op: str
@@ -33,6 +35,28 @@ class Const:
 
 
 Predicate = Atom | BoolOp | Const
+
+
+@dataclass(frozen=True)
+class Quantile:
+    """``MEDIAN(col)``, ``QUANTILE_CONT/DISC(col, q)``, ``PERCENTILE_CONT/DISC(q) WITHIN GROUP
+    (ORDER BY col)`` (:mod:`dpsql.sql.quantiles`)."""
+
+    column: str                 # an integer or numeric column of the protected table
+    q: Any                      # Fraction strictly between 0 and 1
+    kind: str                   # "cont" or "disc"
+
+
+@dataclass(frozen=True)
+class DimGrouping:
+    """A GROUP BY column of a public table: the key column's units grouped by their value in
+    the public table (:mod:`dpsql.sql.joins`)."""
+
+    name: str                   # as it appears in grouping sets: "public_table.column"
+    key: str                    # the protected table's key column
+    values: tuple               # the groups' values (the NULL group is None, last)
+    unit_group: tuple           # per unit of the key column: its group's index, or -1
+    sql_type: str               # the result column's type
 
 
 @dataclass(frozen=True)
@@ -69,5 +93,7 @@ class Query:
     target: str | None          # CREATE TABLE name
     replace: bool               # CREATE OR REPLACE
     sql: str                    # the statement, normalised
+    quantile: Quantile | None = None    # the aggregate is a quantile (count_name: its name)
+    derived: tuple = ()         # DimGrouping per public table column some grouping set uses
     aggregate: str = "count"    # count, sum (of ``value``), avg (sum of ``value`` / count)
     value: Value | None = None  # the bounded column of a sum or avg

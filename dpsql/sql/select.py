@@ -26,7 +26,7 @@ from typing import Any
 from sqlglot import exp
 
 from dpsql.errors import UnsupportedQueryError
-from dpsql.sql import hints
+from dpsql.sql import hints, joins
 from dpsql.sql.aggregates import Aggregate, is_aggregate, read_aggregate
 from dpsql.sql.ir import Predicate, Query
 from dpsql.sql.predicates import ColumnName, _predicate
@@ -53,14 +53,19 @@ def _select(index, select: exp.Select, target, replace, text, resolve_table) -> 
     table_name = table.name.lower()
     policy = resolve_table(table_name, table)
     column_name = _column_resolver(table_name, policy, qualifiers)
+    join = joins.read(select, policy, qualifiers, column_name, resolve_table)
+    if join is not None:                     # public tables: their columns resolve too
+        column_name = join.column_name
     agg, select_keys = _output_columns(select, column_name, policy)
     where = _where(select, column_name)
     grouping_sets = _grouping(select, select_keys, column_name)
     grouped = _grouped(grouping_sets)
     _check_keys(select, select_keys, grouped)
     keys = _result_keys(select, agg.name, select_keys, grouped, len(grouping_sets) > 1)
-    return Query(index, table_name, where, agg.count_column, agg.name, keys,
-                 grouping_sets, target, replace, text, agg.kind, agg.value)
+    query = Query(index, table_name, where, agg.count_column, agg.name, keys,
+                  grouping_sets, target, replace, text, quantile=agg.quantile,
+                  aggregate=agg.kind, value=agg.value)
+    return query if join is None else join.rewrite(query)
 
 
 # --------------------------------------------------------------------------- CREATE TABLE
@@ -98,8 +103,8 @@ def _create_target(stmt: exp.Expression) -> tuple[str | None, bool, exp.Expressi
 def _refuse_clauses(select: exp.Select) -> None:
     """Refuse the first clause outside SELECT list, FROM, WHERE and GROUP BY."""
     for key, value in select.args.items():
-        if key in ("expressions", "from_", "from", "where", "group"):
-            continue
+        if key in ("expressions", "from_", "from", "where", "group", "joins"):
+            continue                         # joins: dpsql.sql.joins reads them
         if _is_set(value):
             node = value if isinstance(value, exp.Expression) else select
             if isinstance(value, list) and value and isinstance(value[0], exp.Expression):
@@ -174,7 +179,7 @@ def _output_columns(select: exp.Select, column_name: ColumnName, policy: Any
         else:
             raise _refused_item(node, item)
     if len(aggregates) != 1:
-        raise _reject("a SELECT without exactly one COUNT, SUM or AVG" if not aggregates else
+        raise _reject("a SELECT without exactly one COUNT, SUM, AVG or quantile" if not aggregates else
                       "more than one aggregate in a SELECT", select,
                       "write one aggregate per statement (a batch may hold many statements, "
                       "answered as one workload)")

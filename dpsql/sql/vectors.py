@@ -45,13 +45,12 @@ class Split:
     numerator: np.ndarray           # (n answers, 2) int64
     denominator: np.ndarray         # (n answers, 2) int64, (-1, -1) unless an AVG
 
+    owners: tuple = ()              # per answer: the Query whose aggregate it is
+
     @property
     def kinds(self) -> list:
         """Per answer: count, sum or avg."""
-        out = []
-        for o in self.base.outputs:
-            out += [o.query.aggregate] * (o.stop - o.start)
-        return out
+        return [q.aggregate for q in self.owners]
 
 
 def has_values(queries) -> bool:
@@ -63,58 +62,85 @@ def _key(value):
     return (value.column, value.lo, value.hi)
 
 
+def row_owners(workload: Workload) -> tuple:
+    """Per row of ``W``: the statement whose aggregate it is. A statement assembled from
+    other rows (a quantile, a GROUP BY on a public column: :mod:`dpsql.sql.expand`) owns the
+    COUNT rows it reads, which other such statements may share; the first one keeps them."""
+    owners = [None] * workload.n_queries
+    for o in workload.outputs:
+        rows = np.unique(o.rows) if getattr(o, "assembled", False) \
+            else range(o.start, o.stop)
+        for r in rows:
+            if owners[r] is None:
+                owners[r] = o.query
+    missing = [r for r, q in enumerate(owners) if q is None]
+    if missing:
+        raise ValueError(f"internal error: rows {missing[:5]} of W belong to no statement")
+    return tuple(owners)
+
+
 def split(workload: Workload) -> Split:
     """One :class:`Vector` per data vector the batch reads (module docstring)."""
+    owners = row_owners(workload)
     order: list = [None]
     wanted: dict = {None: []}                # vector key -> rows of base W
-    for o in workload.outputs:
-        q = o.query
-        rows = list(range(o.start, o.stop))
+    values = {None: None}
+    for r, q in enumerate(owners):
         if q.aggregate in ("count", "avg"):
-            wanted[None] += rows
+            wanted[None].append(r)
         if q.aggregate in ("sum", "avg"):
             key = _key(q.value)
             if key not in wanted:
                 order.append(key)
                 wanted[key] = []
-            wanted[key] += rows
-    values = {None: None}
-    for o in workload.outputs:
-        if o.query.value is not None:
-            values.setdefault(_key(o.query.value), o.query.value)
+                values[key] = q.value
+            wanted[key].append(r)
     keys = [k for k in order if wanted[k]]
-    vectors = tuple(_vector(workload, values[k], np.asarray(wanted[k], dtype=np.int64))
+    vectors = tuple(_vector(workload, owners, values[k], np.asarray(wanted[k], dtype=np.int64))
                     for k in keys)
     m = workload.n_queries
     numerator = np.full((m, 2), -1, dtype=np.int64)
     denominator = np.full((m, 2), -1, dtype=np.int64)
     position = {(i, int(r)): j for i, v in enumerate(vectors) for j, r in enumerate(v.rows)}
-    for o in workload.outputs:
-        q = o.query
+    for r, q in enumerate(owners):
         own = keys.index(None if q.aggregate == "count" else _key(q.value))
-        for r in range(o.start, o.stop):
-            numerator[r] = (own, position[(own, r)])
-            if q.aggregate == "avg":
-                denominator[r] = (0, position[(0, r)])   # the counts come first
-    return Split(workload, vectors, numerator, denominator)
+        numerator[r] = (own, position[(own, r)])
+        if q.aggregate == "avg":
+            denominator[r] = (0, position[(0, r)])   # the counts come first
+    return Split(workload, vectors, numerator, denominator, owners)
 
 
-def _vector(base: Workload, value, rows: np.ndarray) -> Vector:
-    """The rows of ``base`` on one vector, as a workload (its outputs renumbered)."""
+def _vector(base: Workload, owners: tuple, value, rows: np.ndarray) -> Vector:
+    """The rows of ``base`` on one vector, as a workload: one output per run of rows of one
+    statement (the keys are the statement's own for a plain statement; an assembled one's
+    result rows are built from the base workload's answers, so its runs carry none)."""
     W = sp.csr_matrix(base.W[rows])
     W.sum_duplicates()
     for a in (W.data, W.indices, W.indptr):
         a.flags.writeable = False
+    plain = {id(o.query): o for o in base.outputs if not getattr(o, "assembled", False)}
     outputs, start = [], 0
-    picked = set(rows.tolist())
-    for o in base.outputs:
-        mine = [r for r in range(o.start, o.stop) if r in picked]
-        if not mine:
-            continue
-        keys = tuple(o.keys[r - o.start] for r in mine)
-        gids = None if o.grouping_ids is None else tuple(o.grouping_ids[r - o.start]
-                                                        for r in mine)
-        outputs.append(Output(o.query, start, start + len(mine), o.key_columns,
-                              o.key_sources, keys, gids))
-        start += len(mine)
+    for run in _runs(rows, owners):
+        q = owners[int(run[0])]
+        o = plain.get(id(q))
+        if o is None:
+            keys, gids, columns, sources = tuple(() for _ in run), None, (), ()
+        else:
+            keys = tuple(o.keys[r - o.start] for r in run)
+            gids = None if o.grouping_ids is None else tuple(o.grouping_ids[r - o.start]
+                                                            for r in run)
+            columns, sources = o.key_columns, o.key_sources
+        outputs.append(Output(q, start, start + len(run), columns, sources, keys, gids))
+        start += len(run)
     return Vector(value, rows, Workload(base.table, base.partitions, W, tuple(outputs)))
+
+
+def _runs(rows: np.ndarray, owners: tuple) -> list:
+    """``rows`` (ascending) cut where the owning statement changes."""
+    runs, current = [], []
+    for r in rows.tolist():
+        if current and owners[r] is not owners[current[-1]]:
+            runs.append(current)
+            current = []
+        current.append(r)
+    return runs + ([current] if current else [])

@@ -240,6 +240,9 @@ def build_columns(output, policy, answers: np.ndarray, stderr: np.ndarray,
     """(name, SQL type, values) for one statement's result table. ``interval``: the 95%
     interval's ends per row when they are not ``answer ± halfwidth`` (AVG, clipped to its
     range); NaN answers (an AVG over a noisy count <= 0) are NULL."""
+    if getattr(output, "assembled", False):   # quantiles, public groups: dpsql.sql.assembled
+        return output.columns(answers, stderr, halfwidth,
+                              lambda source: key_sql_type(policy.column(source)))
     cols = []
     for i, (source, out) in enumerate(zip(output.key_sources, output.key_columns)):
         values = [k[i] for k in output.keys]

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpsql.errors import ParseError, UnsupportedQueryError
+from dpsql.errors import ParseError, UnknownTableError
 from dpsql.policy.policy import table_policy_from_spec
 from dpsql.sql.compile import compile_workload
 from dpsql.sql.parse import parse_batch
@@ -45,7 +45,7 @@ def compile_sql(sql):
         if name not in POLICIES:
             line, col = _position(node)
             known = ", ".join(sorted(POLICIES))
-            raise UnsupportedQueryError(
+            raise UnknownTableError(
                 f"table {name!r} is not a protected table (protected: {known})", line, col)
         return POLICIES[name]
 
