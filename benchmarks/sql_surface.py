@@ -100,11 +100,15 @@ def exact_vectors(db, plan) -> list:
     split = plan.split
     with db.db.connect() as con:
         x, sums = _data_vectors(con, plan.policy, split.base,
-                                [v.value for v in split.vectors[1:]])
-    out = [np.asarray(split.vectors[0].workload.W @ x).reshape(-1)]
-    for v, s in zip(split.vectors[1:], sums):
+                                [v.value for v in split.vectors if v.value is not None])
+    out, pending = [], iter(sums)
+    for v in split.vectors:
+        if v.value is None:
+            out.append(np.asarray(v.workload.W @ v.on_cells(x)).reshape(-1))
+            continue
         unit = float(ValueBound(v.value.lo, v.value.hi).unit)
-        out.append(np.asarray(v.workload.W @ (s.astype(float) * unit)).reshape(-1))
+        s = v.on_cells(next(pending)).astype(float) * unit
+        out.append(np.asarray(v.workload.W @ s).reshape(-1))
     return out
 
 

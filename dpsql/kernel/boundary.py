@@ -47,7 +47,7 @@ from dpsql.noise.samplers import SecureGaussianSampler
 from dpsql.store import ledger
 from dpsql.workload.marginals import MarginalPlan
 from dpsql.workload.matrix import Plan
-from dpsql.workload.values import JointPlan
+from dpsql.workload.values import JointPlan, merge_cells
 
 
 @dataclass(frozen=True)
@@ -300,6 +300,8 @@ class Kernel:
         The engine clamps each value to exactly the bounds the sensitivity was derived from
         (:func:`dpsql.kernel.data._sum_of`); sums of values are multiplied exactly and
         rounded once (:func:`~dpsql.kernel.joint.sum_measure`), counts as for any dense plan.
+        A block on merged cells measures its vector summed exactly over them (one row still
+        lands in one merged cell, so the column bounds above hold with ``A_b e_{cells[j]}``).
         """
         sensitivities = checked_joint(workload, joint, request, mechanism,
                                       policy.contribution)
@@ -307,8 +309,10 @@ class Kernel:
         x, sums = _data_vectors(con, policy, workload, joint.values)
         ys, pending = [], iter(sums)
         for block, sensitivity in zip(joint.blocks, sensitivities):
-            values = (block.plan.measure(x) if block.value is None
-                      else sum_measure(block.plan, next(pending), block.value))
+            n = block.plan.n if block.plan.A is None else block.plan.A.shape[1]
+            values = (block.plan.measure(merge_cells(block.cells, x, n)) if block.value is None
+                      else sum_measure(block.plan, merge_cells(block.cells, next(pending), n),
+                                       block.value))
             if mechanism == "laplace":
                 y, _ = self.sampler.laplace(values, block.scale, sensitivity=sensitivity,
                                             epsilon=block.epsilon)

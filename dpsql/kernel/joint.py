@@ -8,6 +8,11 @@ removing one row in cell ``j`` with value ``v_b`` in each bounded value ``b`` mo
 *the same* ``j`` for every block. Under user-level privacy a unit is at most ``k`` rows,
 and by the triangle inequality every bound below is ``k`` times the one for a row.
 
+A block may measure its vector summed over merged cells (``cells``: every batch cell onto
+one merged cell, :func:`dpsql.workload.values.merged_cells`): one row then moves it in cell
+``cells[j]``, so each bound below reads the column ``A_b e_{cells[j]}``; the kernel checks the
+map covers every batch cell and sums the vector itself.
+
 - **Gaussian** (one (ε, δ) charge, block ``b`` with noise ``σ_b``): divide each block by its
   σ (whitening); the release is then one Gaussian mechanism with σ = 1 on a vector whose
   neighbours are at L2 distance at most
@@ -80,6 +85,35 @@ def _column_squares(plan, n: int) -> np.ndarray:
     return (ints * ints).sum(axis=0, dtype=np.int64)
 
 
+def _plan_cells(plan) -> int:
+    """How many cells a block's strategy measures (the merged cells when it has a map)."""
+    return plan.n if plan.A is None else plan.A.shape[1]
+
+
+def _block_columns(block, n_cells: int) -> np.ndarray:
+    """``Σ_i K_ij²`` per *batch* cell ``j`` (as :func:`_column_squares`): a block on merged
+    cells moves by its merged cell's column, ``A P e_j = A e_{cells[j]}``."""
+    if block.cells is None:
+        return _column_squares(block.plan, n_cells)
+    return _column_squares(block.plan, _plan_cells(block.plan))[block.cells]
+
+
+def _checked_cells(block, n_cells: int, what: str) -> None:
+    """A block's strategy covers the batch's cells, directly or through a map of every
+    batch cell onto one of its merged cells (a row lands in exactly one merged cell)."""
+    n_cols = _plan_cells(block.plan)
+    if block.cells is None:
+        if n_cols != n_cells:
+            _refuse_if(f"a block covers {n_cols} cells, the workload {n_cells}", what)
+        return
+    cells = np.asarray(block.cells)
+    if cells.shape != (n_cells,) or cells.dtype.kind not in "iu":
+        _refuse_if(f"a block's map of merged cells does not cover the workload's {n_cells} "
+                   "cells", what)
+    if n_cells and (int(cells.min()) < 0 or int(cells.max()) >= n_cols):
+        _refuse_if(f"a block's map of merged cells points outside its {n_cols} cells", what)
+
+
 def _float_slack(block) -> Fraction:
     """Per coordinate, how much further apart the float rounding can put two neighbours'
     computed values of a sum block (0 for the counts: exact)."""
@@ -98,9 +132,7 @@ def checked_joint(workload, joint: JointPlan, request, mechanism: str,
         if not b.plan.integral or not _on_grid(b.plan.A):
             raise StrategyError(f"strategy {b.plan.strategy!r} is not on the exact 2**-20 "
                                 "grid; the kernel only releases exact plans")
-        n_cols = b.plan.n if b.plan.A is None else b.plan.A.shape[1]
-        if n_cols != workload.n_cells:
-            _refuse_if(f"a block covers {n_cols} cells, the workload {workload.n_cells}", what)
+        _checked_cells(b, workload.n_cells, what)
         if not (math.isfinite(b.scale) and b.scale > 0):
             raise StrategyError("internal error: every noise scale must be positive and finite")
         if b.value is not None:
@@ -118,7 +150,7 @@ def whitened_sensitivity(n_cells: int, joint: JointPlan, contribution: int) -> f
     M_b 2⁻²⁰ / σ_b`` (module docstring; exact rationals). The planner records its ρ from
     this same function."""
     k = Fraction(int(contribution))
-    C = np.stack([_column_squares(b.plan, n_cells) for b in joint.blocks], axis=1)
+    C = np.stack([_block_columns(b, n_cells) for b in joint.blocks], axis=1)
     weights = [k * k * b.bound ** 2 / (Fraction(b.scale) ** 2 * _Q * _Q) for b in joint.blocks]
     rows = np.unique(C, axis=0) if C.size else np.zeros((0, len(weights)), dtype=np.int64)
     squared = max((sum((w * int(c) for w, c in zip(weights, row)), Fraction(0))
@@ -160,8 +192,8 @@ def block_sensitivity(block, k, norm: str, n_cells: int | None = None) -> float:
     calibrates a Laplace block's scale with this same function."""
     p, k = block.plan.n_measurements, Fraction(int(k))
     if norm == "l2":
-        squares = _column_squares(block.plan, n_cells if block.plan.A is None
-                                  else block.plan.A.shape[1])
+        squares = _column_squares(block.plan, _plan_cells(block.plan) if block.cells is not
+                                  None or block.plan.A is not None else n_cells)
         base = Fraction(_sqrt_up(Fraction(int(squares.max()), _Q * _Q))) if len(squares) \
             else Fraction(0)
         slack = _float_slack(block) * Fraction(_sqrt_up(Fraction(p)))

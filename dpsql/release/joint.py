@@ -1,9 +1,10 @@
 """A batch mixing COUNT with SUM and AVG: one workload, one release, one charge.
 
 Each data vector the batch reads (the counts; the per-cell sums of each bounded value,
-:mod:`dpsql.sql.vectors`) is a measurement block whose strategy is chosen as for any batch
-(:func:`dpsql.mechanisms.selection.select` on its rows, one noise family: Gaussian when
-δ > 0, Laplace when δ = 0). The budget is then split between the blocks to minimise the
+:mod:`dpsql.sql.vectors`) is measured in blocks (a quantile's CDF counts apart from the
+other counts; each block over the cells its own rows tell apart), each with a strategy
+chosen as for any batch (:func:`dpsql.mechanisms.selection.select` on its rows, one noise
+family: Gaussian when δ > 0, Laplace when δ = 0). The budget is then split between the blocks to minimise the
 batch's total expected error, measured in each aggregate's own unit of one row's largest
 contribution:
 
@@ -118,7 +119,7 @@ def _gaussian(ask, split, chosen, k: int) -> tuple[list, float]:
     for v, (_, c), s in zip(split.vectors, chosen, shares):
         bound = 1.0 if v.value is None else float(ValueBound(v.value.lo, v.value.hi).bound)
         blocks.append(VectorPlan(v.value, c.plan, k * bound * c.plan.sensitivity
-                                 / (math.sqrt(s) * D)))
+                                 / (math.sqrt(s) * D), cells=v.cells))
     n = split.base.n_cells
     for _ in range(60):          # float safety: widen until the kernel's own check passes
         whitened = whitened_sensitivity(n, JointPlan(tuple(blocks), ""), k)
@@ -145,7 +146,7 @@ def _laplace(ask, split, chosen, k: int) -> list:
     eps = Fraction(ask.epsilon)
     blocks = []
     for v, (_, c), part in zip(split.vectors, chosen, parts):
-        block = VectorPlan(v.value, c.plan, 1.0, eps * part)
+        block = VectorPlan(v.value, c.plan, 1.0, eps * part, cells=v.cells)
         b = laplace_scale(block.epsilon, block_sensitivity(block, k, "l1"),
                           c.plan.n_measurements)
         blocks.append(replace(block, scale=b))
@@ -227,12 +228,15 @@ def _explanation(policy, split, joint, expls, family, eps, delta, stderr, rho):
         scale, what = "scale b", "of epsilon"
     unit = (f"; privacy unit {policy.privacy_unit!r}, at most {k} rows per unit: every "
             f"sensitivity x {k}" if policy.privacy_unit is not None else "")
-    lines = [f"joint release: {len(joint.blocks)} data vectors, one charge ({family} noise); "
+    n_vectors = len({id(b.value) if b.value is not None else None for b in joint.blocks})
+    lines = [f"joint release: {len(joint.blocks)} measurement blocks on {n_vectors} data "
+             f"vectors, one charge ({family} noise); "
              "the budget split minimises the sum over every answer of its variance / M^2 "
              f"(M: one row's largest contribution, 1 for COUNT){unit}"]
     for v, b, e, share in zip(split.vectors, joint.blocks, expls, shares):
         bound = "" if v.value is None else f" (M = {float(b.bound):g})"
-        lines.append(f"  {v.label}{bound}: {e.n_queries} answers, strategy {e.strategy}, "
+        lines.append(f"  {v.label}{bound}: {e.n_queries} answers over {v.workload.n_cells} "
+                     f"cells, strategy {e.strategy}, "
                      f"{scale} {b.scale:.4g}, share {share:.3f} {what}, expected RMSE "
                      f"{e.rmse:.4g}")
     n_avg = split.kinds.count("avg")

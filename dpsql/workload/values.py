@@ -32,6 +32,8 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 
+import numpy as np
+
 #: the largest bound spans at most 2**VALUE_BITS units: integers stay exact for bounds up to
 #: 2**30, and a cell's sum of units stays under 2**62 for tables under 2**32 rows
 VALUE_BITS = 30
@@ -118,12 +120,14 @@ class ValueBound:
 class VectorPlan:
     """One measurement block of a joint release: a strategy on one data vector (the counts
     when ``value`` is None, else the per-cell sums of ``value``) and its noise scale (σ, or
-    the Laplace scale ``b`` with ``epsilon`` this block's share of ε)."""
+    the Laplace scale ``b`` with ``epsilon`` this block's share of ε). With ``cells`` the
+    strategy measures the vector summed over merged cells (:func:`merged_cells`)."""
 
     value: object             # dpsql.sql.ir.Value, or None for the counts
-    plan: object              # dpsql.workload.matrix.Plan on the batch's cells
+    plan: object              # dpsql.workload.matrix.Plan on the block's (merged) cells
     scale: float
     epsilon: Fraction | None = None
+    cells: np.ndarray | None = None   # batch cell -> the plan's cell (merged_cells), or None
 
     @property
     def bound(self) -> Fraction:
@@ -147,3 +151,51 @@ class JointPlan:
     @property
     def values(self) -> tuple:
         return tuple(b.value for b in self.blocks if b.value is not None)
+
+
+# ------------------------------------------------------------- merged cells of one block
+
+def merged_cells(W) -> np.ndarray | None:
+    """The cells a block's rows ``W`` cannot tell apart, merged: ``cells[j]`` is the merged
+    cell of batch cell ``j`` (numbered by first occurrence), or None when every column of
+    ``W`` is distinct. Two cells with equal columns of ``W`` are answered alike by every
+    query of the block, so measuring their sum loses nothing: for any strategy on the batch's
+    cells there is one on the merged cells with no larger error for ``W`` (average the two
+    columns), and every merged column's norm is one of the original columns' (the
+    sensitivity carries over, :mod:`dpsql.kernel.joint`). Public: ``W`` only.
+
+    Columns are grouped by two fixed projections (weights √(i+2) and ∛(i+2) per row ``i``:
+    no randomness, the same grouping every time), then the grouping is checked exactly
+    (``W`` rebuilt from the merged columns equals ``W``); a collision of the projections
+    leaves the block unmerged."""
+    import scipy.sparse as sp
+
+    W = sp.csc_matrix(W)
+    n = W.shape[1]
+    if n == 0:
+        return None
+    i = np.arange(W.shape[0], dtype=float) + 2.0
+    r = np.stack([np.sqrt(i), np.cbrt(i)], axis=1)
+    keys = np.asarray(W.T @ r)
+    _, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+    if len(first) == n:
+        return None
+    order = np.argsort(first, kind="stable")          # merged cells by first occurrence
+    rank = np.empty(len(first), dtype=np.int64)
+    rank[order] = np.arange(len(first), dtype=np.int64)
+    cells = rank[np.asarray(inverse).reshape(-1)]
+    merged = W[:, np.sort(first)]
+    if (merged[:, cells] != W).nnz:
+        return None
+    return cells
+
+
+def merge_cells(cells: np.ndarray | None, vector: np.ndarray, n_merged: int) -> np.ndarray:
+    """``P v``: a per-cell vector (counts or sums of units, int64) summed over each merged
+    cell, exactly in integers (``cells`` None: ``v`` itself)."""
+    v = np.asarray(vector)
+    if cells is None:
+        return v
+    out = np.zeros(n_merged, dtype=v.dtype)
+    np.add.at(out, np.asarray(cells, dtype=np.int64), v)
+    return out

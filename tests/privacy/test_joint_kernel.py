@@ -21,6 +21,7 @@ import dpsql.release.joint as joint
 from dpsql.errors import ScaleRefused
 from dpsql.kernel.joint import sum_measure
 from dpsql.sql.ir import Value
+from dpsql.sql.vectors import split
 from dpsql.workload.matrix import make_plan
 from dpsql.workload.values import ValueBound
 
@@ -103,6 +104,29 @@ def test_bounds_wider_than_calibrated_are_refused(db, monkeypatch):
 
     tamper(monkeypatch, "_gaussian", wider)
     refused(db, "joint strategy", epsilon=1, delta=1e-6)
+
+
+@pytest.mark.parametrize("change, words", [
+    (lambda c: c[:-1], "does not cover"),                         # a batch cell left out
+    (lambda c: c.astype(float), "does not cover"),                # not a map of cells
+    (lambda c: np.where(c == c.max(), c.max() + 1, c), "points outside"),
+    (lambda c: np.where(c == 0, -1, c), "points outside")])
+def test_a_bad_map_of_merged_cells_is_refused(db, monkeypatch, change, words):
+    """A block measures its vector summed over merged cells only through a map of every
+    batch cell onto one of its plan's cells; anything else is refused before the charge."""
+    assert all(v.cells is not None for v in split(_workload(db)).vectors)   # all merged
+    tamper(monkeypatch, "_gaussian", lambda out: (
+        [dataclasses.replace(b, cells=change(b.cells)) if i == 1 else b
+         for i, b in enumerate(out[0])], out[1]))
+    assert words in refused(db, "joint strategy", epsilon=1, delta=1e-6)
+
+
+def _workload(db):
+    from dpsql.sql.compile import compile_workload
+    from dpsql.sql.parse import parse_batch
+
+    policy = db.policies()["adult"]
+    return compile_workload(parse_batch(BATCH, lambda n, node: policy), policy)
 
 
 @pytest.mark.parametrize("delta", [1e-6, 0])

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+import numpy as np
 import pytest
+import scipy.sparse as sp
 
 from dpsql.errors import UnsupportedQueryError
 from dpsql.policy.policy import load_policy
@@ -14,7 +16,7 @@ from dpsql.sql.compile import compile_workload
 from dpsql.sql.ir import Value
 from dpsql.sql.parse import parse_batch
 from dpsql.sql.vectors import split
-from dpsql.workload.values import VALUE_BITS, ValueBound
+from dpsql.workload.values import VALUE_BITS, ValueBound, merge_cells, merged_cells
 
 from ..conftest import ADULT_POLICY
 
@@ -75,11 +77,60 @@ def test_a_batch_splits_into_one_vector_per_bounded_value():
     assert s.kinds == ["sum", "sum", "avg", "count", "count", "count", "count", "count", "sum"]
     # each answer reads its row of its vector; an AVG also its count's row
     for r, (v, i) in enumerate(s.numerator):
-        assert (s.vectors[v].workload.W[i] != w.W[r]).nnz == 0
+        assert (_on_batch(s.vectors[v], i) != w.W[r]).nnz == 0
         c, j = s.denominator[r]
         assert (c, j) == (-1, -1) if s.kinds[r] != "avg" else \
-            (c == 0 and (s.vectors[0].workload.W[j] != w.W[r]).nnz == 0)
+            (c == 0 and (_on_batch(s.vectors[0], j) != w.W[r]).nnz == 0)
     assert s.vectors[1].rows.tolist() == [0, 1, 8]       # one vector for one (column, lo, hi)
+
+
+def test_each_block_reads_only_the_cells_its_rows_tell_apart():
+    """A SUM by sex reads two merged cells, whatever the batch's other statements cut the
+    table into; a quantile's CDF counts are a block of their own (the other counts keep a
+    strategy on their own few cells); every answer still reads its own row."""
+    w = compile_workload(parse(
+        "SELECT sex, SUM(hours_per_week) FROM adult GROUP BY sex;"
+        "SELECT race, MEDIAN(age) FROM adult GROUP BY race;"
+        "SELECT income, COUNT(*) FROM adult GROUP BY income;"
+        "SELECT sex, AVG(age) FROM adult GROUP BY sex"), POLICY)
+    s = split(w)
+    assert [v.label for v in s.vectors] == ["COUNT", "SUM(hours_per_week[0, 100])",
+                                           "COUNT [CDF of statement 2]", "SUM(age[17, 90])"]
+    for v in s.vectors:
+        W = w.W[v.rows].toarray()
+        assert v.workload.n_cells == len({tuple(W[:, j]) for j in range(w.n_cells)})
+    assert [v.workload.n_cells for v in s.vectors] == [9, 3, 371, 3] and w.n_cells == 3996
+    assert all(v.cells is not None and v.cells.shape == (w.n_cells,) for v in s.vectors)
+    for r, (v, i) in enumerate(s.numerator):
+        assert (_on_batch(s.vectors[v], i) != w.W[r]).nnz == 0
+        c, j = s.denominator[r]
+        if s.kinds[r] == "avg":
+            assert c == 0 and (_on_batch(s.vectors[0], j) != w.W[r]).nnz == 0
+    x = np.arange(w.n_cells, dtype=np.int64)
+    for v in s.vectors:             # the merged vector answers every row as the batch's does
+        assert np.array_equal(v.workload.W @ v.on_cells(x), w.W[v.rows] @ x)
+
+
+def test_merged_cells_merges_exactly_the_equal_columns():
+    rng = np.random.default_rng(7)
+    base = sp.random(30, 12, density=0.3, random_state=3, format="csr")
+    picks = rng.integers(0, 12, size=200)
+    W = sp.csr_matrix(base[:, picks])
+    cells = merged_cells(W)
+    distinct = {tuple(np.asarray(W[:, j].todense()).ravel()) for j in range(200)}
+    assert cells is not None and cells.max() + 1 == len(distinct)
+    assert cells[0] == 0 and np.all(np.diff(np.maximum.accumulate(cells)) <= 1)  # first use
+    for j in range(200):
+        k = int(np.flatnonzero(cells == cells[j])[0])
+        assert (W[:, j] != W[:, k]).nnz == 0
+    assert merged_cells(sp.identity(5, format="csr")) is None
+    assert merge_cells(cells, np.ones(200, dtype=np.int64), int(cells.max()) + 1).sum() == 200
+
+
+def _on_batch(vector, i):
+    """Row ``i`` of a block's workload over the batch's cells (undoing the merge)."""
+    W = vector.workload.W
+    return W[i] if vector.cells is None else W[i][:, vector.cells]
 
 
 @pytest.mark.parametrize("lo, hi, bound, exponent", [

@@ -17,7 +17,6 @@ import copy
 import math
 
 import duckdb
-import numpy as np
 import pytest
 
 from dpsql.kernel.data import _data_vectors
@@ -117,9 +116,10 @@ def test_noise_free_sums_equal_duckdb_exactly(db):
     sp = split(w)
     with db.db.connect() as con:
         x, sums = _data_vectors(con, policy, w, [v.value for v in sp.vectors[1:]])
-    measured = [sp.vectors[0].workload.W @ x]
+    measured = [sp.vectors[0].workload.W @ sp.vectors[0].on_cells(x)]
     for v, s in zip(sp.vectors[1:], sums):
-        measured.append(sum_measure(make_plan("workload", v.workload.W.toarray()), s, v.value))
+        measured.append(sum_measure(make_plan("workload", v.workload.W.toarray()),
+                                    v.on_cells(s), v.value))
     checked = 0
     for (sql, oracle), out in zip(BATCH, w.outputs):
         if out.query.aggregate == "avg":
