@@ -93,7 +93,7 @@ class Explanation:
         bound = (f"; lower bound (svdb) RMSE {self.bound_rmse:.4g}"
                  if math.isfinite(self.bound_rmse) else
                  f"; {self.bound_note}" if self.bound_note else "")
-        how = ("one charge, a block per data vector (below)" if self.parts
+        how = ("one charge, measured in blocks (below)" if self.parts
                else noise.get(self.mechanism, self.mechanism))
         lines = [
             f"table {self.table}: {self.n_queries} queries over {self.n_cells} cells; "
