@@ -175,8 +175,9 @@ class JointReleasePlan(Plan):
         cost = PrivacyCost(eps, ask.delta if family == "gaussian" else 0)
         params = _request_params(eps, ask.delta, ask.strategy, ask.calibration, "dp")
         stderr = np.full(split.base.n_queries, np.nan)
+        kinds = split.kinds
         for r, (v, i) in enumerate(split.numerator):
-            if split.kinds[r] != "avg":
+            if kinds[r] != "avg":
                 stderr[r] = expls[v].stderr[i]
         expl = _explanation(policy, split, joint, expls, family, eps, cost.delta, stderr, rho)
         plan = cls(policy, queries, expl,

@@ -156,3 +156,28 @@ def test_sum_products_are_exact(dense):
     assert got.tolist() == want
     assert sum_measure(make_plan("i", np.eye(n)), sums, value).tolist() == \
         [float(Fraction(int(s)) * b.unit) for s in sums]
+
+
+def test_the_whitened_maximum_is_the_exact_one():
+    """The kernel takes the exact maximum over the few rows a float pass leaves as
+    candidates: on random column squares and weights (ties, weights spanning 2**-80..1,
+    huge squares) it equals the exact maximum over every row."""
+    from dpsql.kernel.joint import _candidate_rows
+
+    def exact_max(rows, ws):
+        return max(sum((w * int(c) for w, c in zip(ws, row)), Fraction(0)) for row in rows)
+
+    rng = np.random.default_rng(1)
+    for _ in range(300):
+        m, n = int(rng.integers(1, 6)), int(rng.integers(1, 400))
+        C = rng.integers(0, 2 ** int(rng.integers(1, 50)), size=(n, m)).astype(np.int64)
+        if rng.random() < 0.5:
+            C[:, 0] = C[:, 0].max()                    # many rows tie on one block
+        ws = [Fraction(int(rng.integers(1, 10 ** 6)), int(rng.integers(1, 10 ** 9)))
+              / 2 ** int(rng.integers(0, 80)) for _ in range(m)]
+        candidates = _candidate_rows(C, ws)
+        assert len(candidates) <= len(np.unique(C, axis=0))
+        assert exact_max(candidates, ws) == exact_max(np.unique(C, axis=0), ws)
+    tiny = [Fraction(1, 2 ** 1100), Fraction(1)]           # below the doubles: every row
+    C = np.array([[5, 1], [1, 2]], dtype=np.int64)
+    assert len(_candidate_rows(C, tiny)) == 2
