@@ -29,6 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
+from dpsql import cancel
+
 from dpsql.workload.units import FALSE, TRUE
 from dpsql.errors import UnsupportedQueryError
 from dpsql.workload import limits as planning
@@ -131,7 +133,7 @@ def _conditions(queries: list[Query], policy) -> tuple[list, set, dict]:
     unit_truth: dict[tuple, np.ndarray] = {}
     used: set[str] = set()
     grouped: set[str] = set()
-    for q in queries:
+    for q in cancel.checked(queries):
         for a in _atoms(q.where):
             used.add(a.column)
             if _key(a) not in atom_truth:
@@ -206,7 +208,7 @@ def output_keys(q: Query, gs: tuple, per_col_keys: list) -> tuple[list, int]:
     key_sources = tuple(s for s, _ in q.key_columns)
     gid = sum(1 << (len(key_sources) - 1 - i) for i, s in enumerate(key_sources) if s not in gs)
     keys = []
-    for combo in _product(per_col_keys):
+    for combo in cancel.checked(_product(per_col_keys), every=4096):
         value = dict(zip(gs, combo))
         keys.append(tuple(value.get(s) for s in key_sources))
     return keys, gid
@@ -304,7 +306,7 @@ def dense_workload(queries: list[Query], policy, parts: Parts) -> Workload:
     _check_cells(parts)
     cells = _Cells(parts)
     rows_idx, cols_idx, outputs, m = [], [], [], 0
-    for q in queries:
+    for q in cancel.checked(queries):
         rows, cols, out = _query_rows(q, policy, cells, m)
         rows_idx += rows
         cols_idx += cols

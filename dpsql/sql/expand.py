@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from dpsql import cancel
 from dpsql.errors import UnsupportedQueryError
 from dpsql.inference.quantiles import Units
 from dpsql.sql.assembled import Assembled
@@ -67,7 +68,7 @@ def expand(queries: list, policy) -> Expansion:
     plain: list = []
     families: dict = {}
     statements: list = []
-    for q in queries:
+    for q in cancel.checked(queries):
         if not needs_assembly(q):
             statements.append(len(plain))
             plain.append(q)
@@ -149,7 +150,7 @@ def _subs(q: Query, policy, st: _Statement) -> list:
                                 key_columns=tuple((c, c) for c in own), derived=(),
                                 target=None, replace=False))
         gid = sum(1 << (len(sources) - 1 - i) for i, s in enumerate(sources) if s not in gs)
-        for cell in itertools.product(*(range(n) for n in sizes)):
+        for cell in cancel.checked(itertools.product(*(range(n) for n in sizes)), 4096):
             at = dict(zip(gs, cell))
             sub = _c_order([at[c] for c in public], [len(derived[c].values) for c in public])
             row = _c_order([at[c] for c in own], [n for c, n in zip(gs, sizes) if c in own])

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dpsql import cancel
 from dpsql.errors import UnsupportedQueryError
 from dpsql.sql.compile import (MAX_CELLS, Parts, compile_parts, dense_workload, group_rows,
                                make_output, output_keys)
@@ -231,7 +232,7 @@ def _check_clique(q: Query, gs: tuple, masks: dict | None, parts: Parts) -> None
 def _members(queries: list[Query], policy, parts: Parts, groups: dict):
     """Every statement's grouping sets as members (rows), and each statement's Output."""
     members, outputs, m = [], [], 0
-    for q in queries:
+    for q in cancel.checked(queries):
         try:
             masks = _filters(q, policy, parts)
         except NotFactorable:
@@ -268,7 +269,7 @@ def implicit_workload(queries: list[Query], policy, parts: Parts) -> ImplicitWor
     groups: dict = {}
     members, outputs, m = _members(queries, policy, parts, groups)
     blocks, rows = [], []
-    for group, v in _merged(members):
+    for group, v in cancel.checked(_merged(members)):
         block, target, source = _block(group, v, groups[group[0].gs], parts)
         rows.append(BlockRows(len(blocks), target, source))
         blocks.append(block)

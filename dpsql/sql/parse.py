@@ -31,6 +31,7 @@ from typing import Any, Callable, Sequence
 import sqlglot
 from sqlglot import exp
 
+from dpsql import cancel
 from dpsql.errors import ParseError
 from dpsql.sql import bigquery, bulk, hints
 from dpsql.sql.ir import Query
@@ -72,7 +73,7 @@ def _trees(sql: str | Sequence[str], copy: bool):
                          f"{MAX_SQL_CHARS:,}; split it into several requests")
     shapes: dict = {}
     count = 0
-    for text in texts:
+    for text in cancel.checked(texts):
         with _sqlglot_errors():
             text = bigquery.rewrite(text)    # BigQuery's DP clause, CLAMPED BETWEEN: in place
             parts = bulk.statement_tokens(text, MAX_STATEMENTS - count)
@@ -84,6 +85,7 @@ def _trees(sql: str | Sequence[str], copy: bool):
                 count += 1
                 if count > MAX_STATEMENTS:
                     raise _too_many()
+                cancel.check()            # a token cancel lands between statements
                 yield tree, generated
 
 

@@ -309,3 +309,59 @@ def test_a_lock_wait_shows_the_holder_and_a_countdown(wide, tmp_path):
     assert lines[-1].startswith("error: database ") and f"pid {holder.pid}" in lines[-1]
     with dpsql.connect(wide) as db:
         assert db.ledger() == []
+
+
+# --------------------------------------------------------------------------- compile
+
+#: statements of the batch whose parse and compile (pure Python) take seconds
+N_COMPILED = 4000
+#: a token cancel during the compile must return within this share of the whole explain
+COMPILE_SHARE = 0.25
+
+
+def ranges_batch(seed: int) -> list[str]:
+    """``N_COMPILED`` one-column ranges: parsing and compiling them is most of the request
+    (74 cells: the selection and the bound are milliseconds). A new seed for each request:
+    the in-process memo would skip the compile of a batch seen before."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(N_COMPILED):
+        a = rng.randrange(17, 91)
+        out.append(f"SELECT COUNT(*) FROM adult WHERE age BETWEEN {a} AND "
+                   f"{rng.randrange(a, 91)}")
+    return out
+
+
+def test_a_token_cancel_lands_inside_a_long_compile(adult_db):
+    """Session.cancel() (what Connection.cancel() and the server's disconnect call) while a
+    large batch is parsed and compiled: the checks inside those loops stop it at once, not
+    at the next step boundary after the compile (cancel.checked)."""
+    ask = dict(epsilon=0.5, delta=1e-6, strategy="identity", reuse=False)
+    started = time.monotonic()
+    adult_db.explain(ranges_batch(1), **ask)           # the uncancelled duration
+    whole = time.monotonic() - started
+    outcome: dict = {}
+    running = threading.Event()
+
+    def answer():
+        running.set()
+        try:
+            adult_db.answer(ranges_batch(2), **ask)
+            outcome["finished"] = time.monotonic()
+        except RequestCancelled as exc:
+            outcome["error"], outcome["at"] = exc, time.monotonic()
+
+    runner = threading.Thread(target=answer)
+    runner.start()
+    running.wait()
+    time.sleep(0.1 * whole)                            # well inside the parse
+    assert runner.is_alive(), "the request ended before the cancel"
+    cancelled = time.monotonic()
+    adult_db.cancel()
+    runner.join(TIMEOUT)
+    assert "finished" not in outcome
+    assert "nothing was charged" in str(outcome["error"])
+    assert outcome["at"] - cancelled < COMPILE_SHARE * whole, (outcome["at"] - cancelled,
+                                                               whole)
+    assert adult_db.ledger() == []
+    assert adult_db.answer(OTHER, epsilon=0.1, delta=1e-6).release_id == 1   # not stuck

@@ -23,6 +23,7 @@ import numpy as np
 import scipy.linalg as la
 import scipy.sparse as sp
 
+from dpsql import cancel
 from dpsql.mechanisms.reuse.records import Record
 from dpsql.store.results import Z95
 
@@ -105,7 +106,7 @@ class Pool:
         self.skipped: list[int] = []
         m = 0
         used = {p.column for p in workload.partitions}
-        for rec in reversed(records):
+        for rec in cancel.checked(reversed(records)):
             if used and rec.partitions and not used & {c for c, _ in rec.partitions}:
                 continue      # on other columns only: it could inform the total at most
             trial = Refinement(policy, base + [r.partitions for r in kept] + [rec.partitions])
@@ -204,7 +205,7 @@ class Pool:
             sizes = [rec.A.shape[0] for rec, _ in self._terms]
             G = np.zeros((sum(sizes), sum(sizes)))
             starts = np.concatenate([[0], np.cumsum(sizes)])
-            for i, (rec_i, P_i) in enumerate(self._terms):
+            for i, (rec_i, P_i) in enumerate(cancel.checked(self._terms)):
                 for j in range(i, len(self._terms)):
                     block = rec_i.A @ self._through(P_i, j) / math.sqrt(rec_i.variance)
                     block = np.asarray(block)
