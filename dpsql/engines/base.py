@@ -1,0 +1,106 @@
+"""The engine interface: what every engine does with the one data-path query.
+
+An engine (:mod:`dpsql.engines.duckdb`, :mod:`dpsql.engines.spark`) is reached through an
+:class:`Engine`: it names the protected table as a relation of its dialect, lists the
+table's columns and types (the catalog: names and types, never values), and runs a
+rendered query, returning its result columns as NumPy arrays (only the marginal vectors:
+one row per non-empty cell, never a protected row). Everything else is shared and lives
+here: the query (:func:`dpsql.engines.query.marginals_query`), the marginals assembled from
+its rows (every declared part present, zeros included) and the data vector, which is the
+marginal of the clique of all used columns. Engines know nothing of noise; they are called
+only by :mod:`dpsql.kernel.data`.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+import numpy as np
+from sqlglot import exp
+
+from dpsql.engines import mapping
+from dpsql.engines.query import COUNT, Aggregate, UsedColumn, marginals_query, set_id
+from dpsql.errors import EngineError
+
+
+class Engine(Protocol):
+    """One protected table as an engine reaches it."""
+
+    #: the sqlglot dialect the engine's queries are rendered in
+    dialect: str
+    #: the most grouping sets one query may carry (None: no limit)
+    max_grouping_sets: int | None
+
+    def relation(self) -> exp.Expression:
+        """The table (or the view over its files) in the engine's dialect."""
+
+    def columns(self) -> dict[str, str]:
+        """Lower-cased column names and their SQL types (catalog only)."""
+
+    def fetch(self, query: exp.Expression, what: str) -> dict[str, np.ndarray]:
+        """Run ``query``; its columns as arrays. Failures become
+        :class:`~dpsql.errors.EngineError` without the engine's text (``what`` says what
+        was being done)."""
+
+
+def used_columns(columns, types: dict[str, str]) -> list[UsedColumn]:
+    """(name, domain, unit_to_part) triples with how each column's type is read."""
+    return [UsedColumn(name, domain, np.asarray(u), mapping.kind(types.get(name.lower())))
+            for name, domain, u in columns]
+
+
+def marginals(engine: Engine, columns, cliques, *, types: dict[str, str] | None = None,
+              aggregates: Sequence[Aggregate] = (COUNT,), rows=None) -> dict:
+    """Each clique's marginal (float64 array, axes in the clique's column order, every
+    declared part present, zeros included) by one query (a few when the engine caps the
+    number of grouping sets). ``columns``: (name, domain, unit_to_part) per column."""
+    return marginal_aggregates(engine, columns, cliques, types=types, aggregates=aggregates,
+                               rows=rows)[aggregates[0].name]
+
+
+def marginal_aggregates(engine: Engine, columns, cliques, *, types=None,
+                        aggregates: Sequence[Aggregate] = (COUNT,), rows=None) -> dict:
+    """``{aggregate name: {clique: array}}``: :func:`marginals` for every aggregate."""
+    cliques = list(dict.fromkeys(tuple(int(i) for i in c) for c in cliques))
+    used_cols = used_columns(columns, engine.columns() if types is None else types)
+    cap = engine.max_grouping_sets or max(1, len(cliques))
+    out: dict = {a.name: {} for a in aggregates}
+    for start in range(0, len(cliques), cap):
+        chunk = cliques[start:start + cap]
+        query = marginals_query(engine.relation(), used_cols, chunk, aggregates=aggregates,
+                                rows=rows)
+        got = engine.fetch(query, "counting the marginals")
+        for a in aggregates:
+            out[a.name].update(_assemble(got, used_cols, chunk, a.name))
+    return out
+
+
+def _assemble(got: dict, columns: Sequence[UsedColumn], cliques, name: str) -> dict:
+    sizes = [c.n_parts for c in columns]
+    used = sorted({i for c in cliques for i in c})
+    values = np.asarray(got[name], dtype=np.float64)
+    sets = np.asarray(got["set"], dtype=np.int64) if used else np.zeros(len(values), np.int64)
+    out = {}
+    for c in cliques:
+        T = np.zeros(tuple(sizes[i] for i in c), dtype=np.float64)
+        rows = np.flatnonzero(sets == set_id(used, c))
+        if c:
+            idx = tuple(np.asarray(got[f"p{i}"], dtype=np.int64)[rows] for i in c)
+            if any(v.size and (v.min() < 0 or v.max() >= sizes[i]) for v, i in zip(idx, c)):
+                raise EngineError("internal error: a row mapped outside the declared parts")
+            T[idx] = values[rows]
+        else:
+            T[()] = values[rows].sum()
+        out[c] = T
+    return out
+
+
+def data_vector(engine: Engine, columns, n_cells: int, *,
+                types: dict[str, str] | None = None) -> np.ndarray:
+    """The cell counts ``x`` (float64): the marginal of the clique of all ``columns``,
+    cells in C order (first column slowest)."""
+    everything = tuple(range(len(columns)))
+    T = marginals(engine, columns, [everything], types=types)[everything]
+    if T.size != n_cells:
+        raise EngineError("internal error: the cells do not match the columns' parts")
+    return T.reshape(-1)
