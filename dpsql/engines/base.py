@@ -52,8 +52,9 @@ def used_columns(columns, types: dict[str, str]) -> list[UsedColumn]:
 def marginals(engine: Engine, columns, cliques, *, types: dict[str, str] | None = None,
               aggregates: Sequence[Aggregate] = (COUNT,), rows=None) -> dict:
     """Each clique's marginal (float64 array, axes in the clique's column order, every
-    declared part present, zeros included) by one query (a few when the engine caps the
-    number of grouping sets). ``columns``: (name, domain, unit_to_part) per column."""
+    declared part present, zeros included) by one query (a few when the cliques need more
+    grouping sets than the engine takes, or more than :data:`MAX_USED_COLUMNS` columns).
+    ``columns``: (name, domain, unit_to_part) per column."""
     return marginal_aggregates(engine, columns, cliques, types=types, aggregates=aggregates,
                                rows=rows)[aggregates[0].name]
 
@@ -63,16 +64,38 @@ def marginal_aggregates(engine: Engine, columns, cliques, *, types=None,
     """``{aggregate name: {clique: array}}``: :func:`marginals` for every aggregate."""
     cliques = list(dict.fromkeys(tuple(int(i) for i in c) for c in cliques))
     used_cols = used_columns(columns, engine.columns() if types is None else types)
-    cap = engine.max_grouping_sets or max(1, len(cliques))
     out: dict = {a.name: {} for a in aggregates}
-    for start in range(0, len(cliques), cap):
-        chunk = cliques[start:start + cap]
+    for chunk in _chunks(cliques, engine.max_grouping_sets):
         query = marginals_query(engine.relation(), used_cols, chunk, aggregates=aggregates,
                                 rows=rows)
         got = engine.fetch(query, "counting the marginals")
         for a in aggregates:
             out[a.name].update(_assemble(got, used_cols, chunk, a.name))
     return out
+
+
+#: the most columns one query groups by: each grouping set's id is a BIGINT with a bit per
+#: used column (no real batch comes near it; a batch of many marginals is split)
+MAX_USED_COLUMNS = 62
+
+
+def _chunks(cliques: list, max_sets: int | None) -> list[list]:
+    """The cliques in as few queries as the limits allow (usually one): at most
+    ``max_sets`` grouping sets and :data:`MAX_USED_COLUMNS` columns per query."""
+    chunks: list[list] = [[]]
+    columns: set = set()
+    for c in cliques:
+        grown = columns | set(c)
+        if chunks[-1] and (len(grown) > MAX_USED_COLUMNS
+                           or (max_sets is not None and len(chunks[-1]) >= max_sets)):
+            chunks.append([])
+            grown = set(c)
+        if len(grown) > MAX_USED_COLUMNS:
+            raise EngineError(f"internal error: a clique of {len(c)} columns (at most "
+                              f"{MAX_USED_COLUMNS})")
+        chunks[-1].append(c)
+        columns = grown
+    return chunks
 
 
 def _assemble(got: dict, columns: Sequence[UsedColumn], cliques, name: str) -> dict:

@@ -17,11 +17,13 @@ the same cells in either engine:
   cast to BIGINT, and an integer category is cast to BIGINT only when it lies in the BIGINT
   range and is integral: no value (NaN, ±inf, 1e308) reaches a cast that could fail or
   differ (Spark's ``CAST(NaN AS BIGINT)`` is 0; DuckDB's fails).
-- **Lists by position.** ``ARRAY_POSITION`` (DuckDB: NULL when absent; Spark: 0, hence the
-  ``NULLIF``) and 1-based element access (sqlglot's ``Bracket`` with ``offset=1``).
+- **Lists by position, parts by comparisons.** A declared value's position comes from
+  ``ARRAY_POSITION`` (DuckDB: NULL when absent; Spark: 0, hence the ``NULLIF``); a unit's
+  part from ``WHEN unit < k`` runs, never from list indexing (1-based in DuckDB, 0-based
+  in Spark's brackets: sqlglot can shift the index only when it can type it).
 - **Doubles as text.** Every double constant is ``CAST('<repr>' AS DOUBLE)``, parsed by each
   engine's correctly rounded reader (a decimal literal would be DECIMAL in both, converted
-  differently).
+  differently); a DECIMAL column is read the same way, through its digits.
 
 The column's SQL type only chooses how a value is read (:func:`kind`): text through the
 grammar, numbers and booleans by a cast to DOUBLE, anything else as no number. Called by
@@ -37,13 +39,15 @@ from dpsql.errors import EngineError
 from dpsql.workload.categorical import CategoricalDomain
 from dpsql.workload.ordered import IntegerDomain, NumericDomain
 
-TEXT, INTEGER, FLOAT, BOOLEAN, OTHER = "text", "integer", "float", "boolean", "other"
+TEXT, INTEGER, FLOAT, DECIMAL, BOOLEAN, OTHER = ("text", "integer", "float", "decimal",
+                                                 "boolean", "other")
 
 _TEXT_TYPES = ("varchar", "string", "text", "char", "bpchar", "nvarchar")
 _INTEGER_TYPES = ("tinyint", "smallint", "integer", "int", "bigint", "hugeint", "utinyint",
                   "usmallint", "uinteger", "ubigint", "uhugeint", "long", "short", "byte",
                   "int1", "int2", "int4", "int8", "int16", "int32", "int64", "int128")
-_FLOAT_TYPES = ("float", "double", "real", "decimal", "numeric", "float4", "float8")
+_FLOAT_TYPES = ("float", "double", "real", "float4", "float8")
+_DECIMAL_TYPES = ("decimal", "numeric", "dec")
 _BOOLEAN_TYPES = ("boolean", "bool", "logical")
 
 _WS = r"[ \t\n\r\x0B\x0C]*"
@@ -57,13 +61,13 @@ _TWO_63 = 2.0 ** 63
 
 def kind(sql_type: str | None) -> str:
     """How a column of this SQL type (DuckDB's or Spark's spelling) is read: ``text``,
-    ``integer``, ``float`` (decimals too), ``boolean`` or ``other`` (dates, lists, …)."""
+    ``integer``, ``float``, ``decimal``, ``boolean`` or ``other`` (dates, lists, …)."""
     t = (sql_type or "").strip().lower()
     if any(c in t for c in "[<") or t.startswith(("struct", "map", "union", "array")):
         return OTHER
     base = t.split("(")[0].strip()
-    for name, types in ((TEXT, _TEXT_TYPES), (INTEGER, _INTEGER_TYPES),
-                        (FLOAT, _FLOAT_TYPES), (BOOLEAN, _BOOLEAN_TYPES)):
+    for name, types in ((TEXT, _TEXT_TYPES), (INTEGER, _INTEGER_TYPES), (FLOAT, _FLOAT_TYPES),
+                        (DECIMAL, _DECIMAL_TYPES), (BOOLEAN, _BOOLEAN_TYPES)):
         if base in types or (name == TEXT and base.startswith(("varchar", "char"))):
             return name
     return OTHER
@@ -98,10 +102,10 @@ def _null(sql_type: str) -> exp.Expression:
 
 # ------------------------------------------------------------------ reading a value
 #
-# A column is mapped in three steps, each a projection over the one before (so no step is
+# A column is mapped in four steps, each a projection over the one before (so no step is
 # evaluated twice per row): the grammar's token of a text value (:func:`token`), the value
-# the domain reads (:func:`value`: a DOUBLE, an exact BIGINT or the text), then the part
-# (:func:`part`).
+# the domain reads (:func:`value`: a DOUBLE, an exact BIGINT or the text), its unit
+# (:func:`unit`), then the part (:func:`part`).
 
 def reads_numbers(domain) -> bool:
     """Whether the domain reads its column as a number (all but text categories)."""
@@ -122,6 +126,9 @@ def _number(raw: exp.Expression, tok: exp.Expression | None, how: str) -> exp.Ex
     """The value as a DOUBLE, or NULL (NULL, or no number under the one grammar)."""
     if how in (INTEGER, FLOAT, BOOLEAN):
         return exp.cast(raw, "DOUBLE")
+    if how == DECIMAL:      # through its exact digits: both parsers round correctly
+        return exp.TryCast(this=exp.cast(raw, "VARCHAR"), to=exp.DataType.build("DOUBLE"),
+                           safe=True)
     if how != TEXT:
         return _null("DOUBLE")
     parsed = exp.TryCast(this=exp.Nullif(this=tok.copy(), expression=exp.Literal.string("")),
@@ -135,7 +142,7 @@ def _exact_integer(raw: exp.Expression, tok: exp.Expression | None,
     """The value as a BIGINT when it is exactly an integer in BIGINT's range, else NULL."""
     if how == INTEGER:
         return exp.TryCast(this=raw, to=exp.DataType.build("BIGINT"), safe=True)
-    if how not in (TEXT, FLOAT, BOOLEAN):
+    if how not in (TEXT, FLOAT, DECIMAL, BOOLEAN):
         return _null("BIGINT")
 
     def d():
@@ -177,9 +184,12 @@ def _position(values: list, key: exp.Expression, sql_type: str) -> exp.Expressio
                    expression=exp.Literal.number(1))
 
 
-def _unit(raw: exp.Expression, v: exp.Expression, domain) -> exp.Expression:
-    """The unit index (BIGINT, never NULL) of a raw value read as ``v`` (the rule in
-    :mod:`dpsql.workload`)."""
+def unit(raw: exp.Expression, v: exp.Expression, domain,
+         unit_to_part: np.ndarray) -> exp.Expression:
+    """The unit index (BIGINT, never NULL) of a raw value read as ``v`` (:func:`value`;
+    the rule in :mod:`dpsql.workload`). A numeric domain's units are consecutive bins, so
+    its *part* is computed here directly: one ``WHEN v < edge`` per change of part (NaN
+    compares above every edge in both engines: the last bin, as a clamped +inf)."""
     if isinstance(domain, CategoricalDomain):
         null_unit = domain.null_unit if domain.nullable else domain.other_unit
         found = _position(list(domain.values), v,
@@ -198,17 +208,6 @@ def _unit(raw: exp.Expression, v: exp.Expression, domain) -> exp.Expression:
                             expressions=[double(top)], ignore_nulls=True)
         return _case([(exp.Is(this=v, expression=exp.null()), integer(null_unit))],
                      exp.cast(exp.Floor(this=clamped), "BIGINT"))
-    raise EngineError("internal error: unknown domain type")
-
-
-def part(raw: exp.Expression, v: exp.Expression, domain,
-         unit_to_part: np.ndarray) -> exp.Expression:
-    """The part (BIGINT, never NULL) of a raw value read as ``v`` (:func:`value`):
-    ``unit_to_part[unit]``.
-
-    For a numeric domain the units are consecutive bins, so runs of bins in one part are
-    tested together: one ``WHEN v < edge`` per change of part (NaN compares above every
-    edge in both engines: the last bin, as a clamped +inf)."""
     if isinstance(domain, NumericDomain):
         top = domain.n_value_units - 1
         null_part = int(unit_to_part[domain.null_unit if domain.nullable else 0])
@@ -220,13 +219,21 @@ def part(raw: exp.Expression, v: exp.Expression, domain,
             return exp.cast(integer(last), "BIGINT")
         return _case([(exp.Is(this=v.copy(), expression=exp.null()), integer(null_part))]
                      + whens, integer(last))
-    u = _unit(raw, v, domain)
-    if np.array_equal(unit_to_part, np.arange(len(unit_to_part))):
+    raise EngineError("internal error: unknown domain type")
+
+
+def part(u: exp.Expression, domain, unit_to_part: np.ndarray) -> exp.Expression:
+    """The part of a value whose :func:`unit` is ``u``: ``unit_to_part[u]``, written as one
+    ``WHEN u < k`` per change of part along the units (no list indexing, whose base differs
+    between dialects); a numeric domain's :func:`unit` is already its part."""
+    mapping = np.asarray(unit_to_part)
+    if isinstance(domain, NumericDomain) or np.array_equal(mapping, np.arange(len(mapping))):
         return u
-    parts = exp.Array(expressions=[integer(int(p)) for p in unit_to_part])
-    return exp.Bracket(this=parts, expressions=[exp.Add(this=exp.Paren(this=u),
-                                                        expression=exp.Literal.number(1))],
-                       offset=1)
+    whens = [(exp.LT(this=u.copy(), expression=integer(k + 1)), integer(int(mapping[k])))
+             for k in range(len(mapping) - 1) if mapping[k] != mapping[k + 1]]
+    if not whens:
+        return exp.cast(integer(int(mapping[-1])), "BIGINT")
+    return _case(whens, integer(int(mapping[-1])))
 
 
 def groups_by_raw_value(domain, how: str) -> bool:
@@ -244,7 +251,7 @@ def groups_by_raw_value(domain, how: str) -> bool:
     value per row (an id) makes the inner GROUP BY as slow as a plain GROUP BY of that
     column (about 0.9 s instead of 0.1 s per 10 million rows on 2 cores, DuckDB).
     """
-    if how == FLOAT:
+    if how in (FLOAT, DECIMAL):
         return False
     if isinstance(domain, CategoricalDomain):
         return True
@@ -261,7 +268,7 @@ def refusal(name: str, domain, how: str) -> str | None:
     if how == OTHER and not isinstance(domain, CategoricalDomain):
         return None        # never a number: its NULL unit, in both engines
     if isinstance(domain, CategoricalDomain) and isinstance(domain.values[0], str) \
-            and how in (FLOAT, OTHER):
+            and how in (FLOAT, DECIMAL, OTHER):
         return (f"column {name!r} holds non-text values; its declared text categories would "
                 "compare Spark's text form of each value, which differs from DuckDB's; "
                 "declare a numeric or integer domain, or cast the column to text in a view")

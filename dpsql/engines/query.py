@@ -86,9 +86,9 @@ def _named(expression: exp.Expression, name: str) -> exp.Expression:
 
 
 def _mapped(inner: exp.Select, items: list, keep: list[str]) -> exp.Select:
-    """Three projections over ``inner`` (module :mod:`dpsql.engines.mapping`): each item
-    ``(i, column, raw, out)``'s token ``t{i}`` (text read as numbers), value ``v{i}``, and
-    part, named ``out``; the columns ``keep`` pass through."""
+    """Four projections over ``inner`` (:mod:`dpsql.engines.mapping`): each item
+    ``(i, column, raw, out)``'s token ``t{i}`` (text read as numbers), value ``v{i}``, unit
+    ``u{i}`` and part, named ``out``; the columns ``keep`` pass through."""
     def select(*cols: exp.Expression, source: exp.Expression, alias: str) -> exp.Select:
         return exp.select(*[_col(k) for k in keep], *cols).from_(source.subquery(alias))
 
@@ -99,9 +99,12 @@ def _mapped(inner: exp.Select, items: list, keep: list[str]) -> exp.Select:
     values = [_named(mapping.value(_col(raw), _col(f"t{i}"), col.domain, col.how), f"v{i}")
               for i, col, raw, _ in items]
     stage = select(*[_col(raw) for _, _, raw, _ in items], *values, source=stage, alias="s1")
-    parts = [_named(mapping.part(_col(raw), _col(f"v{i}"), col.domain, col.unit_to_part),
-                    out) for i, col, raw, out in items]
-    return select(*parts, source=stage, alias="s2")
+    units = [_named(mapping.unit(_col(raw), _col(f"v{i}"), col.domain, col.unit_to_part),
+                    f"u{i}") for i, col, raw, _ in items]
+    stage = select(*units, source=stage, alias="s2")
+    parts = [_named(mapping.part(_col(f"u{i}"), col.domain, col.unit_to_part), out)
+             for i, col, _, out in items]
+    return select(*parts, source=stage, alias="s3")
 
 
 def marginals_query(relation: exp.Expression, columns: Sequence[UsedColumn],
@@ -117,8 +120,9 @@ def marginals_query(relation: exp.Expression, columns: Sequence[UsedColumn],
     source = rows(relation) if rows is not None else relation
     used = sorted({int(i) for c in cliques for i in c})
     measured = [_named(a.row.copy(), f"r_{a.name}") for a in aggregates if a.row is not None]
-    scan = exp.select(*[_named(_col(columns[i].name), f"c{i}") for i in used],
-                      *(measured or [_named(exp.Literal.number(1), "one")])).from_(source)
+    scan = exp.select(*[_named(_col(columns[i].name), f"c{i}") for i in used], *measured,
+                      *([] if used or measured else [_named(exp.Literal.number(1), "one")])
+                      ).from_(source)
     if not used:
         return exp.select(*[a.per_cell() for a in aggregates], _named(exp.Literal.number(0),
                                                                       "set")).from_(
