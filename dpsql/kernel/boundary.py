@@ -34,7 +34,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from dpsql.errors import StrategyError
-from dpsql.kernel.data import _clique_marginals, _data_vector
+from dpsql.kernel.data import SparkLink, _clique_marginals, _data_vector, reader
 from dpsql.kernel.metric_oracle import MetricMeasureOracle
 from dpsql.kernel.oracles import MeasureOracle
 from dpsql.kernel.scales import (_cell_graph, _check_metric_charge, _checked_marginal_scale,
@@ -57,10 +57,19 @@ class Measurement:
 
 
 class Kernel:
-    """Reads data, charges, adds noise. Holds the sampler; tests may pass a seeded one."""
+    """Reads data, charges, adds noise. Holds the sampler (tests may pass a seeded one) and
+    the way to Spark (:class:`~dpsql.kernel.data.SparkLink`, for tables whose policy names
+    a Spark source). Every release method reaches the table's source and checks its
+    columns (:func:`~dpsql.kernel.data.reader`: catalog only) before the charge."""
 
-    def __init__(self, sampler=None):
+    def __init__(self, sampler=None, *, spark: SparkLink | None = None):
         self.sampler = sampler if sampler is not None else SecureGaussianSampler()
+        self.spark = spark
+
+    def check_source(self, con, policy) -> None:
+        """The policy's source reachable with every declared column readable (protect);
+        the catalog only, never a value."""
+        reader(con, policy, self.spark)
 
     @property
     def private(self) -> bool:
@@ -107,8 +116,9 @@ class Kernel:
         if not (np.isfinite(sigma) and sigma > 0):
             raise StrategyError("internal error: the noise scale must be positive and finite")
         sensitivity = _checked_scale(workload, plan, float(sigma), request, mechanism)
+        read = reader(con, policy, self.spark)
         release_id, names = ledger.charge(con, policy, request)   # committed here
-        x = _data_vector(con, policy, workload)
+        x = _data_vector(read, policy, workload)
         values = plan.measure(x)
         del x
         return self._noisy(values, sigma, sensitivity, request, mechanism, release_id, names)
@@ -146,8 +156,9 @@ class Kernel:
         graph = _cell_graph(policy, workload)
         _refuse_if(verify.dx_scales_shortfall(W, scales, graph.i, graph.j, graph.d,
                                               graph.n_cells, eps), "d_X Laplace release")
+        read = reader(con, policy, self.spark)
         release_id, names = ledger.charge(con, policy, request)   # committed here
-        x = _data_vector(con, policy, workload)
+        x = _data_vector(read, policy, workload)
         values = np.asarray(W @ x, dtype=float).reshape(-1)
         del x
         y = values.copy()
@@ -179,8 +190,9 @@ class Kernel:
         ``algorithm(oracle)`` returns the result. Returns ``(release_id, names, result,
         private)``.
         """
+        read = reader(con, policy, self.spark)
         release_id, names = ledger.charge(con, policy, request)   # committed here
-        xs = [_data_vector(con, policy, workload) for workload in blocks]
+        xs = [_data_vector(read, policy, workload) for workload in blocks]
         oracle = MeasureOracle(xs, self.sampler, epsilon)
         try:
             result = algorithm(oracle)
@@ -216,8 +228,9 @@ class Kernel:
             if not _same_graph(given, mine):
                 _refuse_if("the cell metric given differs from the policy's",
                            "d_X data-dependent release")
+        read = reader(con, policy, self.spark)
         release_id, names = ledger.charge(con, policy, request)   # committed here
-        xs = [_data_vector(con, policy, workload) for workload in blocks]
+        xs = [_data_vector(read, policy, workload) for workload in blocks]
         oracle = MetricMeasureOracle(xs, own, self.sampler, eps)
         try:
             result = algorithm(oracle)
@@ -261,8 +274,9 @@ class Kernel:
             raise StrategyError("internal error: the noise scale must be positive and finite")
         sensitivity = _checked_marginal_scale(workload, plan, float(sigma), request,
                                               mechanism)
+        read = reader(con, policy, self.spark)
         release_id, names = ledger.charge(con, policy, request)   # committed here
-        counts = _clique_marginals(con, policy, workload, plan.cliques())
+        counts = _clique_marginals(read, policy, workload, plan.cliques())
         values = np.concatenate([_measure_marginal(m, counts, plan.sizes)
                                  for m in plan.measurements])
         del counts

@@ -19,6 +19,8 @@ An optional ``zcdp_delta`` is the share of ``delta`` reserved for the zCDP accou
 ``delta - zcdp_delta``. It defaults to half of ``delta``; ``0`` means basic composition alone.
 Policies saved before this setting existed read back as ``0`` (never more budget than the
 rule they were protected under).
+An optional ``source`` says where the rows live (a Spark table or files,
+:mod:`dpsql.policy.source`); by default the DuckDB table of the policy's name.
 Domains are never inferred from data. Budgets are kept as exact fractions (floats are read through
 their shortest decimal form, so ``0.1`` is exactly one tenth).
 """
@@ -33,11 +35,12 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from dpsql.noise.accounting import fraction_from_text, fraction_to_text, to_exact
+from dpsql.policy.source import Source, source_from_spec
 from dpsql.workload.domain import Domain, domain_from_spec
 from dpsql.workload import limits as planning
 from dpsql.errors import PolicyError, PrivacyParameterError, read_input_file
 
-_TABLE_FIELDS = {"epsilon", "delta", "columns", "rows", "metric", "zcdp_delta"}
+_TABLE_FIELDS = {"epsilon", "delta", "columns", "rows", "metric", "zcdp_delta", "source"}
 
 
 def _is_identifier(name: str) -> bool:
@@ -57,6 +60,8 @@ class TablePolicy:
     #: share of ``delta`` reserved for the zCDP accountant, fixed when the table is protected
     #: (0: basic composition alone, the value for policies saved before the setting existed)
     zcdp_delta: Fraction = Fraction(0)
+    #: where the rows live (:mod:`dpsql.policy.source`): the DuckDB table by default
+    source: Source = Source()
 
     @property
     def budget(self):
@@ -87,6 +92,8 @@ class TablePolicy:
         if self.metric is not None:
             doc["metric"] = self.metric.describe()
         doc["zcdp_delta"] = fraction_to_text(self.zcdp_delta)
+        if self.source.spark:      # a DuckDB table's policy reads as it always did
+            doc["source"] = self.source.describe()
         return json.dumps(doc)
 
     @classmethod
@@ -105,7 +112,8 @@ class TablePolicy:
         zcdp = raw.get("zcdp_delta")
         return cls(raw["table"], fraction_from_text(raw["epsilon"]),
                    fraction_from_text(raw["delta"]), cols, rows=raw.get("rows"), metric=metric,
-                   zcdp_delta=Fraction(0) if zcdp is None else fraction_from_text(zcdp))
+                   zcdp_delta=Fraction(0) if zcdp is None else fraction_from_text(zcdp),
+                   source=source_from_spec(raw["table"], raw.get("source")))
 
 
 def _zcdp_delta(table: str, spec: Mapping[str, Any], delta: Fraction) -> Fraction:
@@ -178,7 +186,7 @@ def table_policy_from_spec(table: str, spec: Mapping[str, Any]) -> TablePolicy:
 
         metric = MetricModel.from_dict(spec["metric"], table=table, domains=dict(cols))
     return TablePolicy(table.lower(), epsilon, delta, tuple(cols), rows=rows, metric=metric,
-                       zcdp_delta=zcdp_delta)
+                       zcdp_delta=zcdp_delta, source=source_from_spec(table, spec.get("source")))
 
 
 def _usable(table: str, name: str, domain):
