@@ -53,7 +53,7 @@ class AnalystConnection:
         self.driver_transaction = False    # a driver's BEGIN: only the status byte ('T')
         self.cancelled = self.running = False
         self._dbapi = dbapi.connect(server.db_path, delta=0, epsilon=1, create=False,
-                                    lock_timeout=server.lock_timeout)
+                                    lock_timeout=server.lock_timeout, spark=server.spark)
         # own result tables are read from the shadow; a release statement that also names
         # another analyst's result table is refused as before, never saying it exists
         self._dbapi.read_results = False

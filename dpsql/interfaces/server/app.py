@@ -42,7 +42,8 @@ class Server(socketserver.ThreadingTCPServer):
     def __init__(self, db_path: str, users_path: str, *, host: str = "127.0.0.1",
                  port: int = DEFAULT_PORT, certificate: str | None = None,
                  key: str | None = None, require_tls: bool = False,
-                 max_connections: int = DEFAULT_MAX_CONNECTIONS, lock_timeout: float = 30.0):
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS, lock_timeout: float = 30.0,
+                 spark=None):
         if not os.path.exists(db_path):
             raise InputFileError(f"database {db_path!r} does not exist; create it and "
                                  "protect a table first")
@@ -54,6 +55,8 @@ class Server(socketserver.ThreadingTCPServer):
         self.audit_path = self.db_path + ".audit.jsonl"
         self._audit_lock = threading.Lock()
         self.lock_timeout = lock_timeout
+        #: the one way to Spark every connection shares (a dpsql.session.spark_link), or None
+        self.spark = spark
         self.max_connections = max_connections
         self._slots = threading.BoundedSemaphore(max_connections)
         self._live: dict = {}
@@ -94,6 +97,8 @@ class Server(socketserver.ThreadingTCPServer):
             with contextlib.suppress(OSError):
                 h.request.shutdown(socket.SHUT_RDWR)
         super().server_close()
+        if self.spark is not None:
+            self.spark.close()
 
     # ---------------------------------------------------------------- cancellation
     def register(self, pid: int, secret: int, handler) -> None:

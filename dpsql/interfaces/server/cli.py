@@ -2,6 +2,7 @@
 
     dpsql serve DB [--host 127.0.0.1] [--port 5433] [--users USERS.toml]
                    [--certificate CERT --key KEY [--require-tls]] [--max-connections N]
+                   [--spark-master URL | --spark-remote sc://HOST:PORT]
     dpsql user add USERS.toml NAME [--role analyst|admin] [--allow TABLE=EPS,DELTA ...]
     dpsql user passwd USERS.toml NAME
     dpsql user remove USERS.toml NAME
@@ -17,6 +18,7 @@ import os
 import sys
 
 from dpsql.errors import UsageError
+from dpsql.request.declared import CONNECTION_SETTINGS, SPARK_SETTINGS, given, settings_for
 
 COMMANDS = ("serve", "user")
 
@@ -33,6 +35,9 @@ def add_subcommands(sub) -> None:
     s.add_argument("--key", help="TLS private key (PEM)")
     s.add_argument("--require-tls", action="store_true", help="refuse connections without TLS")
     s.add_argument("--max-connections", type=int, default=64)
+    for setting in settings_for("cli", CONNECTION_SETTINGS):   # one Spark for all analysts
+        if setting.name in SPARK_SETTINGS:
+            s.add_argument(setting.flag, **setting.argparse_options())
     u = sub.add_parser("user", help="add, remove or change analysts of a server's users file")
     u.add_argument("action", choices=("add", "passwd", "remove"))
     u.add_argument("users")
@@ -46,9 +51,14 @@ def run(args) -> int:
     from dpsql.interfaces.server import accounts, app
 
     if args.command == "serve":
+        from dpsql.session import spark_link
+
+        spark = {k: v for k, v in given(args, "cli", CONNECTION_SETTINGS).items()
+                 if k in SPARK_SETTINGS}
         app.serve(args.db, args.users or args.db + ".users.toml", host=args.host,
                   port=args.port, certificate=args.certificate, key=args.key,
-                  require_tls=args.require_tls, max_connections=args.max_connections)
+                  require_tls=args.require_tls, max_connections=args.max_connections,
+                  spark=spark_link(spark.get("spark_master"), spark.get("spark_remote")))
         return 0
     if args.action == "remove":
         accounts.remove_user(args.users, args.name)
