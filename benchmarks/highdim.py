@@ -166,11 +166,13 @@ def main() -> None:
     parser.add_argument("--no-sql", action="store_true",
                         help="skip the end-to-end SQL rows (highdim_sql.py)")
     args = parser.parse_args()
+    marginal_rss = math.nan
     if not args.no_sql:
-        from highdim_sql import table
+        from highdim_sql import MARGINAL_RSS, table
 
         print("\n".join(table()))
         print()
+        marginal_rss = MARGINAL_RSS[0]
     start = time.perf_counter()
     import cvxpy  # noqa: F401  (the max-variance program's solver; imported once per process)
     cvxpy_seconds = time.perf_counter() - start
@@ -189,10 +191,14 @@ def main() -> None:
         print(f"{case:<30}{s:8.3f}{bound:14.6g}{err:14.6g}{rmse:9.4f}{ratio:8.4f}"
               f"{sens:7.3f}{peak / 2**20:9.1f}  {extra}")
     top = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    # the ranges rows hold DuckDB's buffers for 24,975 result tables: the 10^8-cell line's
+    # memory is the peak before them (the marginal rows), or the whole run's without SQL
+    mine = marginal_rss if math.isfinite(marginal_rss) else top
     first = ROWS[0]
-    verdict = first[1] <= 2.0 and first[5] <= 1.001 and top <= 1024
-    print(f"max RSS {top:.0f} MB; targets for 2-way 8x10 (plan <= 2 s, RMSE <= 1.001 x svdb, "
-          f"memory <= 1 GB): {'PASS' if verdict else 'MISS'}")
+    verdict = first[1] <= 2.0 and first[5] <= 1.001 and mine <= 1024
+    print(f"max RSS {top:.0f} MB ({mine:.0f} MB before the ranges rows); targets for 2-way "
+          f"8x10 (plan <= 2 s, RMSE <= 1.001 x svdb, memory <= 1 GB): "
+          f"{'PASS' if verdict else 'MISS'}")
 
 
 if __name__ == "__main__":

@@ -102,7 +102,8 @@ class Session:
                 raise UnknownTableError(f"there is no table {tp.table!r} in the database to "
                                         "protect; load the data first, or check the name")
             present = engine.table_columns(con, tp.table)
-            missing = [c for c in tp.column_names if c not in present]
+            missing = [c for c in tp.column_names + [tp.privacy_unit]
+                       if c is not None and c not in present]
             if missing:
                 raise PolicyError(
                     f"policy declares column(s) {missing} that table {tp.table!r} does not have "
@@ -115,7 +116,8 @@ class Session:
         with self.db.connect() as con:
             return ledger.load_policies(con)
 
-    def explain(self, sql: str | Sequence[str], *, epsilon=None, delta, strategy: str = "auto",
+    def explain(self, sql: str | Sequence[str], *, epsilon=None, delta=None,
+                strategy: str = "auto",
                 calibration: str = "analytic", model: str = "dp", target_rmse=None,
                 max_stderr=None, reuse: bool | None = None) -> Explanation:
         """Expected accuracy of a request: reads no data, spends nothing.
@@ -134,7 +136,8 @@ class Session:
         with self._request() as con:
             return release_path.explain(self._public(con), ask)
 
-    def answer(self, sql: str | Sequence[str], *, epsilon=None, delta, strategy: str = "auto",
+    def answer(self, sql: str | Sequence[str], *, epsilon=None, delta=None,
+               strategy: str = "auto",
                calibration: str = "analytic", replace: bool = False,
                name: str | None = None, model: str = "dp", target_rmse=None,
                max_stderr=None, confirm: bool = False, nonnegative: bool = False,

@@ -19,7 +19,8 @@ import numpy as np
 from sqlglot import exp
 
 from dpsql.engines import mapping
-from dpsql.engines.query import COUNT, Aggregate, UsedColumn, marginals_query, set_id
+from dpsql.engines.query import (COUNT, Aggregate, Cap, Sum, UsedColumn, marginals_query,
+                                 set_id)
 from dpsql.errors import EngineError
 
 
@@ -50,27 +51,28 @@ def used_columns(columns, types: dict[str, str]) -> list[UsedColumn]:
 
 
 def marginals(engine: Engine, columns, cliques, *, types: dict[str, str] | None = None,
-              aggregates: Sequence[Aggregate] = (COUNT,), rows=None) -> dict:
+              aggregates: Sequence[Aggregate] = (COUNT,), cap: Cap | None = None) -> dict:
     """Each clique's marginal (float64 array, axes in the clique's column order, every
     declared part present, zeros included) by one query (a few when the cliques need more
     grouping sets than the engine takes, or more than :data:`MAX_USED_COLUMNS` columns).
-    ``columns``: (name, domain, unit_to_part) per column."""
+    ``columns``: (name, domain, unit_to_part) per column; ``cap``: rows kept per unit."""
     return marginal_aggregates(engine, columns, cliques, types=types, aggregates=aggregates,
-                               rows=rows)[aggregates[0].name]
+                               cap=cap)[aggregates[0].name]
 
 
 def marginal_aggregates(engine: Engine, columns, cliques, *, types=None,
-                        aggregates: Sequence[Aggregate] = (COUNT,), rows=None) -> dict:
+                        aggregates: Sequence[Aggregate] = (COUNT,),
+                        cap: Cap | None = None) -> dict:
     """``{aggregate name: {clique: array}}``: :func:`marginals` for every aggregate."""
     cliques = list(dict.fromkeys(tuple(int(i) for i in c) for c in cliques))
     used_cols = used_columns(columns, engine.columns() if types is None else types)
     out: dict = {a.name: {} for a in aggregates}
     for chunk in _chunks(cliques, engine.max_grouping_sets):
         query = marginals_query(engine.relation(), used_cols, chunk, aggregates=aggregates,
-                                rows=rows)
+                                cap=cap)
         got = engine.fetch(query, "counting the marginals")
         for a in aggregates:
-            out[a.name].update(_assemble(got, used_cols, chunk, a.name))
+            out[a.name].update(_assemble(got, used_cols, chunk, a.name, a.exact))
     return out
 
 
@@ -98,14 +100,16 @@ def _chunks(cliques: list, max_sets: int | None) -> list[list]:
     return chunks
 
 
-def _assemble(got: dict, columns: Sequence[UsedColumn], cliques, name: str) -> dict:
+def _assemble(got: dict, columns: Sequence[UsedColumn], cliques, name: str,
+              exact: bool = False) -> dict:
     sizes = [c.n_parts for c in columns]
     used = sorted({i for c in cliques for i in c})
-    values = np.asarray(got[name], dtype=np.float64)
+    dtype = np.int64 if exact else np.float64
+    values = np.asarray(got[name]).astype(dtype)
     sets = np.asarray(got["set"], dtype=np.int64) if used else np.zeros(len(values), np.int64)
     out = {}
     for c in cliques:
-        T = np.zeros(tuple(sizes[i] for i in c), dtype=np.float64)
+        T = np.zeros(tuple(sizes[i] for i in c), dtype=dtype)
         rows = np.flatnonzero(sets == set_id(used, c))
         if c:
             idx = tuple(np.asarray(got[f"p{i}"], dtype=np.int64)[rows] for i in c)
@@ -118,12 +122,33 @@ def _assemble(got: dict, columns: Sequence[UsedColumn], cliques, name: str) -> d
     return out
 
 
-def data_vector(engine: Engine, columns, n_cells: int, *,
-                types: dict[str, str] | None = None) -> np.ndarray:
-    """The cell counts ``x`` (float64): the marginal of the clique of all ``columns``,
-    cells in C order (first column slowest)."""
+def sum_aggregate(name: str, s: Sum, types: dict[str, str]) -> Aggregate:
+    """The exact per-cell sum of one bounded value (:func:`dpsql.engines.mapping.value_units`,
+    read as the column's SQL type says)."""
+    how = mapping.kind(types.get(s.column.lower()))
+    row = mapping.value_units(exp.column(s.column, quoted=True), how, s.exponent, s.lo_units,
+                              s.hi_units)
+    return Aggregate(name, row=row, exact=True)
+
+
+def data_vectors(engine: Engine, columns, n_cells: int, sums: Sequence[Sum] = (), *,
+                 cap: Cap | None = None, types: dict[str, str] | None = None
+                 ) -> tuple[np.ndarray, list]:
+    """The cell counts ``x`` (float64) and each bounded value's per-cell sums in whole units
+    (int64, exact), by one query: the marginal of the clique of all ``columns``, cells in C
+    order (first column slowest)."""
+    types = engine.columns() if types is None else types
+    aggregates = [COUNT] + [sum_aggregate(f"s{i}", s, types) for i, s in enumerate(sums)]
     everything = tuple(range(len(columns)))
-    T = marginals(engine, columns, [everything], types=types)[everything]
-    if T.size != n_cells:
+    got = marginal_aggregates(engine, columns, [everything], types=types,
+                              aggregates=aggregates, cap=cap)
+    out = [got[a.name][everything].reshape(-1) for a in aggregates]
+    if out[0].size != n_cells:
         raise EngineError("internal error: the cells do not match the columns' parts")
-    return T.reshape(-1)
+    return out[0], out[1:]
+
+
+def data_vector(engine: Engine, columns, n_cells: int, *, cap: Cap | None = None,
+                types: dict[str, str] | None = None) -> np.ndarray:
+    """The cell counts ``x`` (float64): :func:`data_vectors` without sums."""
+    return data_vectors(engine, columns, n_cells, cap=cap, types=types)[0]

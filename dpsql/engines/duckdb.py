@@ -4,7 +4,10 @@ Called only by :mod:`dpsql.kernel.data` (import-linter contracts in ``pyproject.
 knows nothing of noise. The one data-path query is built by :mod:`dpsql.engines.query` and
 rendered here for DuckDB (:func:`render`); no value in a row (NaN, ±inf, out of range,
 unparsable) can make it fail, and DuckDB's own error text never leaves (it can contain data
-values): every failure becomes :class:`~dpsql.errors.EngineError`.
+values): every failure becomes :class:`~dpsql.errors.EngineError`. The clamped value
+sums and the per-unit row cap of issue 20 are part of that one query
+(:class:`~dpsql.engines.query.Sum`, :class:`~dpsql.engines.query.Cap`), so Spark computes
+the same vectors.
 """
 
 from __future__ import annotations
@@ -49,17 +52,28 @@ def columns(con, table: str) -> dict[str, str]:
     return table_columns(con, table)
 
 
-def data_vector(con, table: str, columns, n_cells: int, *, types=None) -> np.ndarray:
+def data_vector(con, table: str, columns, n_cells: int, *, cap=None,
+                types=None) -> np.ndarray:
     """The cell counts ``x`` (float64) by one DuckDB query. Called only by the kernel.
 
     ``columns``: (name, domain, unit_to_part) per used column, slowest-varying first;
+    ``cap`` (:class:`~dpsql.engines.query.Cap`): at most ``k`` rows per privacy unit;
     ``types`` (name -> DuckDB type, as :func:`columns` returns; read when not given) only
     chooses how each value is read (:func:`dpsql.engines.mapping.kind`) and the plan."""
-    return base.data_vector(DuckDBEngine(con, table), columns, n_cells, types=types)
+    return base.data_vector(DuckDBEngine(con, table), columns, n_cells, cap=cap, types=types)
 
 
-def marginals(con, table: str, columns, cliques, *, types=None) -> dict:
+def data_vectors(con, table: str, columns, n_cells: int, sums=(), *, cap=None,
+                 types=None) -> tuple[np.ndarray, list]:
+    """The cell counts ``x`` (float64) and each bounded value's per-cell sums in whole units
+    (int64, exact; :class:`~dpsql.engines.query.Sum`) by one DuckDB query. Called only by
+    the kernel."""
+    return base.data_vectors(DuckDBEngine(con, table), columns, n_cells, sums, cap=cap,
+                             types=types)
+
+
+def marginals(con, table: str, columns, cliques, *, cap=None, types=None) -> dict:
     """Each clique's marginal (float64 array, axes in the clique's column order, every
     declared part present, zeros included) by one DuckDB query (``GROUPING SETS``).
     Called only by the kernel."""
-    return base.marginals(DuckDBEngine(con, table), columns, cliques, types=types)
+    return base.marginals(DuckDBEngine(con, table), columns, cliques, cap=cap, types=types)

@@ -171,6 +171,29 @@ def value(raw: exp.Expression, tok: exp.Expression | None, domain,
     return _number(raw, tok, how)
 
 
+def value_units(raw: exp.Expression, how: str, exponent: int, lo_units: int,
+                hi_units: int) -> exp.Expression:
+    """One row's bounded value in whole units ``u = 2**exponent`` (BIGINT, never NULL): the
+    value read as a number (the one grammar for text, :func:`_number`) clamped to
+    ``[lo_units·u, hi_units·u]`` on doubles, scaled, rounded half away from zero (both
+    engines' ``ROUND``) and clamped again as an integer; NaN reads as the upper bound (it
+    sorts above every number in both engines); NULL or no number adds 0. Bounds and scale
+    are powers of two times integers, exact as doubles, so no value can make a cast fail."""
+    tok = token(raw.copy()) if how == TEXT else None
+
+    def v() -> exp.Expression:
+        return _number(raw.copy(), tok.copy() if tok is not None else None, how)
+    unit = 2.0 ** exponent
+    clamped = exp.Least(this=exp.Greatest(this=v(), expressions=[double(lo_units * unit)],
+                                          ignore_nulls=True),
+                        expressions=[double(hi_units * unit)], ignore_nulls=True)
+    scaled = exp.Round(this=exp.Mul(this=clamped, expression=double(2.0 ** -exponent)))
+    units = exp.Least(this=exp.Greatest(this=exp.cast(scaled, "BIGINT"),
+                                        expressions=[integer(lo_units)], ignore_nulls=True),
+                      expressions=[integer(hi_units)], ignore_nulls=True)
+    return _case([(exp.Is(this=v(), expression=exp.null()), integer(0))], units)
+
+
 # ------------------------------------------------------------------ units and parts
 
 def _position(values: list, key: exp.Expression, sql_type: str) -> exp.Expression:

@@ -18,20 +18,26 @@ is total (never NULL: :mod:`dpsql.engines.mapping`), so a NULL part in the outpu
 column is rolled up in that grouping set; ``set`` says which (bit ``d−1−k`` set when the
 ``k``-th used column is rolled up).
 
-Extension points (the SQL-surface issue adds both here, nowhere else):
+Two additions (issue 20), built here once and rendered alike for every engine:
 
 - ``aggregates``: the list of :class:`Aggregate` columns; COUNT is the default. A clamped
-  per-cell sum is ``Aggregate("s", row=<clamped value expression>)``: summed per key at
-  level 2, per cell at level 1.
-- ``rows``: a function of the scanned relation returning the relation actually read, e.g.
-  a subquery keeping at most ``k`` rows per privacy unit (a window over a keyed hash, which
-  both dialects must compute alike). It filters rows before any grouping.
+  per-cell sum is ``Aggregate("s0", row=<value in whole units>, exact=True)``
+  (:func:`dpsql.engines.mapping.value_units`): summed per key at level 2, per cell at
+  level 1, as an exact BIGINT.
+- ``cap`` (:class:`Cap`): under user-level privacy at most ``k`` rows per unit are read.
+  Every used column is then mapped per row (its part), and each unit's rows are ranked by
+  ``sha256(key | part_0 | … | value units …)`` over what the query reads from them, as
+  decimal digits of integers: text both engines write alike, so DuckDB (``sha256``) and
+  Spark (``sha2(…, 256)``) keep the same rows. The choice depends on the unit's own rows
+  only (removing a unit leaves every other unit's rows as they were), and rows that tie
+  read alike in everything the query uses, so which of them is kept changes nothing. A NULL
+  unit: each row its own unit, always kept.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 from sqlglot import exp
@@ -62,6 +68,8 @@ class Aggregate:
     name: str
     row: exp.Expression | None = None
     sql_type: str = "BIGINT"
+    #: an exact integer per cell (int64 arrays; sums of whole units) rather than float64
+    exact: bool = False
 
     def per_key(self) -> exp.Expression:
         """The aggregate over the rows of one key (``row`` is read as ``r_<name>``)."""
@@ -71,10 +79,36 @@ class Aggregate:
 
     def per_cell(self) -> exp.Expression:
         total = exp.cast(exp.Sum(this=exp.column(self.name, quoted=True)), self.sql_type)
+        if self.row is not None:        # no rows at all (no GROUP BY): 0, never NULL
+            total = exp.Coalesce(this=total, expressions=[mapping.integer(0)])
         return exp.alias_(total, self.name, quoted=True)
 
 
 COUNT = Aggregate("n")
+
+
+@dataclass(frozen=True)
+class Cap:
+    """At most ``k`` rows per value of the column ``unit`` (module docstring); ``key``: the
+    table's secret selection key (64 hex digits), read by the kernel after the charge."""
+
+    unit: str
+    k: int
+    key: str
+
+    def __repr__(self) -> str:          # the key never appears in a repr or a log
+        return f"Cap(unit={self.unit!r}, k={self.k})"
+
+
+class Sum(NamedTuple):
+    """A per-cell sum of a bounded value, in whole units ``u = 2**exponent``: each row adds
+    its value clamped to ``[lo_units·u, hi_units·u]`` and rounded to whole units; NULL or
+    no number: 0 (:func:`dpsql.engines.mapping.value_units`)."""
+
+    column: str
+    exponent: int
+    lo_units: int
+    hi_units: int
 
 
 def _col(name: str) -> exp.Expression:
@@ -107,33 +141,65 @@ def _mapped(inner: exp.Select, items: list, keep: list[str]) -> exp.Select:
     return select(*parts, source=stage, alias="s3")
 
 
+def _capped(rows: exp.Select, read: list[str], cap: Cap) -> exp.Select:
+    """``rows`` (per-row parts, value units, ``dpsql_unit``) with at most ``cap.k`` rows per
+    unit kept, ranked by the keyed hash of ``read`` (module docstring)."""
+    text: exp.Expression = exp.Literal.string(cap.key)
+    for name in read:
+        text = exp.DPipe(this=exp.DPipe(this=text, expression=exp.Literal.string("|")),
+                         expression=exp.cast(_col(name), "VARCHAR"))
+    order = exp.SHA2(this=text, length=exp.Literal.number(256))
+    rank = exp.Window(this=exp.RowNumber(), partition_by=[_col("dpsql_unit")],
+                      order=exp.Order(expressions=[exp.Ordered(this=order)]))
+    ranked = exp.case().when(exp.Is(this=_col("dpsql_unit"), expression=exp.null()),
+                             exp.Literal.number(1)).else_(rank)
+    inner = exp.select(*[_col(c) for c in read], _named(ranked, "dpsql_rank")).from_(
+        rows.subquery("u"))
+    kept = [_col(c) for c in read] or [_named(exp.Literal.number(1), "one")]
+    return exp.select(*kept).from_(inner.subquery("c")).where(
+        exp.LTE(this=_col("dpsql_rank"), expression=exp.Literal.number(int(cap.k))))
+
+
+def _rows(relation, columns, used, aggregates, cap):
+    """The rows read, keyed (level 3 of the module docstring, before grouping) and the
+    indices of the columns grouped by their raw value (none under a cap). Under a cap every
+    column of ``columns`` is mapped and hashed, used by this query or not, so that the
+    queries of one read (:func:`dpsql.engines.base.marginal_aggregates` splits large
+    batches) keep the same rows."""
+    mapped = list(range(len(columns))) if cap is not None else used
+    measured = [_named(a.row.copy(), f"r_{a.name}") for a in aggregates if a.row is not None]
+    unit = [_named(_col(cap.unit), "dpsql_unit")] if cap is not None else []
+    scan = exp.select(*[_named(_col(columns[i].name), f"c{i}") for i in mapped], *measured,
+                      *unit, *([] if mapped or measured or unit
+                               else [_named(exp.Literal.number(1), "one")])).from_(relation)
+    raw = [] if cap is not None else [
+        i for i in used if mapping.groups_by_raw_value(columns[i].domain, columns[i].how)]
+    per_row = [(i, columns[i], f"c{i}", f"k{i}") for i in mapped if i not in raw]
+    sums = [f"r_{a.name}" for a in aggregates if a.row is not None]
+    rows = (_mapped(scan, per_row, [f"c{i}" for i in raw] + sums
+                    + (["dpsql_unit"] if cap is not None else []))
+            if per_row else scan)
+    if cap is not None:
+        rows = _capped(rows, [f"k{i}" for i in mapped] + sums, cap)
+    return rows, raw
+
+
 def marginals_query(relation: exp.Expression, columns: Sequence[UsedColumn],
                     cliques: Sequence[tuple], *, aggregates: Sequence[Aggregate] = (COUNT,),
-                    rows: Callable[[exp.Expression], exp.Expression] | None = None
-                    ) -> exp.Select:
+                    cap: Cap | None = None) -> exp.Select:
     """The query returning, for every non-empty cell of every clique's marginal, its parts
     ``p_i`` (-1 where rolled up), ``set`` and the aggregates (module docstring).
 
     ``relation``: the table as the engine names it (``main."adult"``, ``db.adult``, a
     temporary view); ``columns``: every column the cliques index; ``cliques``: tuples of
-    indices into ``columns`` (deduplicated by the caller)."""
-    source = rows(relation) if rows is not None else relation
+    indices into ``columns`` (deduplicated by the caller); ``cap``: rows kept per unit."""
     used = sorted({int(i) for c in cliques for i in c})
-    measured = [_named(a.row.copy(), f"r_{a.name}") for a in aggregates if a.row is not None]
-    scan = exp.select(*[_named(_col(columns[i].name), f"c{i}") for i in used], *measured,
-                      *([] if used or measured else [_named(exp.Literal.number(1), "one")])
-                      ).from_(source)
+    rows_keyed, raw = _rows(relation, columns, used, aggregates, cap)
     if not used:
         return exp.select(*[a.per_cell() for a in aggregates], _named(exp.Literal.number(0),
                                                                       "set")).from_(
-            exp.select(*[a.per_key() for a in aggregates]).from_(scan.subquery("r"))
+            exp.select(*[a.per_key() for a in aggregates]).from_(rows_keyed.subquery("r"))
             .subquery("g"))
-    raw = [i for i in used if mapping.groups_by_raw_value(columns[i].domain, columns[i].how)]
-    per_row = [(i, columns[i], f"c{i}", f"k{i}") for i in used if i not in raw]
-    rows_keyed = (_mapped(scan, per_row,
-                          [f"c{i}" for i in raw] + [f"r_{a.name}" for a in aggregates
-                                                    if a.row is not None])
-                  if per_row else scan)
     keys = [_named(_col(f"c{i}"), f"k{i}") if i in raw else _col(f"k{i}") for i in used]
     level2 = (exp.select(*keys, *[a.per_key() for a in aggregates])
               .from_(rows_keyed.subquery("k"))

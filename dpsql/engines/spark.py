@@ -174,16 +174,27 @@ def columns(spark, source, table: str) -> dict[str, str]:
     return SparkEngine(spark, source, table).columns()
 
 
-def data_vector(spark, source, table: str, columns, n_cells: int, *,
+def data_vector(spark, source, table: str, columns, n_cells: int, *, cap=None,
                 types=None) -> np.ndarray:
     """The cell counts ``x`` (float64) by one Spark query. Called only by the kernel."""
-    return base.data_vector(SparkEngine(spark, source, table), columns, n_cells, types=types)
+    return base.data_vector(SparkEngine(spark, source, table), columns, n_cells, cap=cap,
+                            types=types)
 
 
-def marginals(spark, source, table: str, columns, cliques, *, types=None) -> dict:
+def data_vectors(spark, source, table: str, columns, n_cells: int, sums=(), *, cap=None,
+                 types=None) -> tuple[np.ndarray, list]:
+    """The cell counts and each bounded value's exact per-cell sums by one Spark query (the
+    same query as DuckDB's: :func:`dpsql.engines.base.data_vectors`). Called only by the
+    kernel."""
+    return base.data_vectors(SparkEngine(spark, source, table), columns, n_cells, sums,
+                             cap=cap, types=types)
+
+
+def marginals(spark, source, table: str, columns, cliques, *, cap=None, types=None) -> dict:
     """Each clique's marginal by one Spark query (``GROUPING SETS``; one per 4,096 cliques).
     Called only by the kernel."""
-    return base.marginals(SparkEngine(spark, source, table), columns, cliques, types=types)
+    return base.marginals(SparkEngine(spark, source, table), columns, cliques, cap=cap,
+                          types=types)
 
 
 # ------------------------------------------------------------------ sessions

@@ -263,3 +263,30 @@ def laplace_interval_halfwidth(C: np.ndarray, scale: float, level: float = 0.95)
                                                           sub / top[:, None]))
         result[many] = _halfwidth_many_terms(sub, level) * sd
     return result * (1.0 + 1e-12)
+
+
+def laplace_sum_halfwidth(variance: np.ndarray, max_weight: np.ndarray, scale: float,
+                          level: float = 0.95) -> np.ndarray:
+    """For sums ``S = Σ_i c_i L_i`` (L_i iid Laplace(b)) known only by ``Σ c_i² `` (as
+    ``variance`` = Σ c_i²) and ``max |c_i|``: an h with ``P(|S| <= h) >= level``.
+
+    Chernoff: ``E e^{tS} = Π 1/(1 − t²b²c_i²)`` and ``−ln(1 − x) <= x/(1 − x)`` give, for
+    ``0 < t < 1/m`` (``m = b max|c|``), ``P(|S| > h) <= 2 exp(−th + t²b²Σc²/(1 − t²m²))``;
+    every t gives a valid h, so the least over a grid of t is one (wider than
+    :func:`laplace_interval_halfwidth`'s certified quantile, which needs every weight, by
+    about 10-20% for sums of many comparable terms). Vectorised: large implicit batches."""
+    b = _positive_finite(scale, "scale")
+    level = _level(level)
+    s2 = b * b * np.asarray(variance, dtype=float)
+    m = b * np.asarray(max_weight, dtype=float)
+    out = np.zeros(s2.shape)
+    live = (s2 > 0) & (m > 0)
+    theta = np.linspace(0.01, 0.995, 200)
+    log_tail = math.log(2.0 / (1.0 - level))
+    best = np.full(int(live.sum()), np.inf)
+    s2l, ml = s2[live], m[live]
+    for th in theta:
+        t = th / ml
+        best = np.minimum(best, (log_tail + t * t * s2l / (1.0 - th * th)) / t)
+    out[live] = best
+    return out * (1.0 + 1e-12)

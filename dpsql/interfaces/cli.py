@@ -222,7 +222,8 @@ def _dispatch(args) -> int:
 
 def _script(args, *, dry_run: bool) -> int:
     """``run`` / ``explain``: check the whole script, then release it workload by workload."""
-    from dpsql.interfaces.scripts import check_script, parse_script, run_script
+    from dpsql.interfaces.scripts import parse_script, run_script
+    from dpsql.interfaces.scripts_check import check_script
 
     _require_db(args.db)
     if args.csv not in (None, "-"):

@@ -173,7 +173,7 @@ class ScriptOutput:
             print(_totals(plan))
 
     def _plan_text(self, item) -> str:
-        from dpsql.interfaces.scripts import target_text
+        from dpsql.interfaces.scripts_check import target_text
 
         w, e, rec = item.workload, item.explanation, item.recorded
         cost = cost_text(item.epsilon, item.delta, w.model)

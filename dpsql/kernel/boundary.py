@@ -10,7 +10,8 @@
 3. computes ``A x`` and adds Gaussian or Laplace noise from the secure sampler;
 4. returns ``y`` and drops ``x``.
 
-The other methods are the same boundary for plans measured through marginals, d_X Laplace
+The other methods are the same boundary for plans measured through marginals, batches
+mixing COUNT with SUM/AVG (:meth:`Kernel.release_joint`), d_X Laplace
 and the data-dependent runs (MWEM, d_X MWEM, SmallDB, through the oracles of
 :mod:`dpsql.kernel.oracles` and :mod:`dpsql.kernel.metric_oracle`); each method's docstring
 states its privacy argument, the package's docstring (:mod:`dpsql.kernel`) the boundary's.
@@ -34,16 +35,20 @@ import numpy as np
 import scipy.sparse as sp
 
 from dpsql.errors import StrategyError
-from dpsql.kernel.data import SparkLink, _clique_marginals, _data_vector, reader
+from dpsql.kernel.data import (SparkLink, _clique_marginals, _data_vector, _data_vectors,
+                               reader)
+from dpsql.kernel.joint import checked_joint, sum_measure
 from dpsql.kernel.metric_oracle import MetricMeasureOracle
 from dpsql.kernel.oracles import MeasureOracle
 from dpsql.kernel.scales import (_cell_graph, _check_metric_charge, _checked_marginal_scale,
-                                 _checked_scale, _on_grid, _refuse_if, _same_graph)
+                                 _checked_scale, _on_grid, _refuse_if, _row_level_only,
+                                 _same_graph)
 from dpsql.noise import verify
 from dpsql.noise.samplers import SecureGaussianSampler
 from dpsql.store import ledger
 from dpsql.workload.marginals import MarginalPlan
 from dpsql.workload.matrix import Plan
+from dpsql.workload.values import JointPlan
 
 
 @dataclass(frozen=True)
@@ -107,6 +112,8 @@ class Kernel:
         if isinstance(plan, MarginalPlan):      # issue 16: measured through marginals
             return self.release_marginals(con, policy, workload, plan, sigma, request,
                                           mechanism)
+        if isinstance(plan, JointPlan):         # issue 20: COUNT and SUM blocks together
+            return self.release_joint(con, policy, workload, plan, request, mechanism)
         if mechanism not in ("gaussian", "laplace"):
             raise StrategyError(f"internal error: unknown noise mechanism {mechanism!r}")
         if not plan.integral or not _on_grid(plan.A):
@@ -115,7 +122,8 @@ class Kernel:
                 "only releases plans whose products A x are computed exactly")
         if not (np.isfinite(sigma) and sigma > 0):
             raise StrategyError("internal error: the noise scale must be positive and finite")
-        sensitivity = _checked_scale(workload, plan, float(sigma), request, mechanism)
+        sensitivity = _checked_scale(workload, plan, float(sigma), request, mechanism,
+                                     policy.contribution)
         read = reader(con, policy, self.spark)
         release_id, names = ledger.charge(con, policy, request)   # committed here
         x = _data_vector(read, policy, workload)
@@ -144,6 +152,7 @@ class Kernel:
         changes, and it is released exact. A shortfall raises :class:`ScaleRefused` with
         nothing charged or read.
         """
+        _row_level_only(policy, "d_X Laplace release")
         W = sp.csr_matrix(workload.W)
         scales = np.asarray(scales, dtype=float).reshape(-1)
         if scales.size != W.shape[0] or not np.all(np.isfinite(scales)) or np.any(scales < 0):
@@ -190,6 +199,7 @@ class Kernel:
         ``algorithm(oracle)`` returns the result. Returns ``(release_id, names, result,
         private)``.
         """
+        _row_level_only(policy, "data-dependent release (MWEM)")
         read = reader(con, policy, self.spark)
         release_id, names = ledger.charge(con, policy, request)   # committed here
         xs = [_data_vector(read, policy, workload) for workload in blocks]
@@ -220,6 +230,7 @@ class Kernel:
         earlier noisy outputs), and a refused step aborts the run with its charge spent.
         """
         eps = Fraction(epsilon_per_unit)
+        _row_level_only(policy, "d_X data-dependent release")
         _check_metric_charge(request, eps)
         if len(graphs) != len(blocks):
             raise StrategyError("internal error: one cell metric per block is needed")
@@ -273,7 +284,7 @@ class Kernel:
         if not (np.isfinite(sigma) and sigma > 0):
             raise StrategyError("internal error: the noise scale must be positive and finite")
         sensitivity = _checked_marginal_scale(workload, plan, float(sigma), request,
-                                              mechanism)
+                                              mechanism, policy.contribution)
         read = reader(con, policy, self.spark)
         release_id, names = ledger.charge(con, policy, request)   # committed here
         counts = _clique_marginals(read, policy, workload, plan.cliques())
@@ -281,6 +292,48 @@ class Kernel:
                                  for m in plan.measurements])
         del counts
         return self._noisy(values, sigma, sensitivity, request, mechanism, release_id, names)
+
+    # ------------------------------------------- COUNT and SUM blocks together (issue 20)
+
+    def release_joint(self, con, policy, workload, joint: JointPlan, request: ledger.Charge,
+                      mechanism: str = "gaussian") -> Measurement:
+        """Charge once, read the counts and every bounded value's per-cell sums in one scan,
+        return each block's ``A_b v_b + noise`` (concatenated, blocks in order).
+
+        Privacy argument, checked before the charge (:func:`~dpsql.kernel.joint.checked_joint`,
+        from the plans' exact columns and the declared bounds, never from the caller):
+        one row moves every block in the same cell ``j``, block ``b`` by ``v_b A_b e_j`` with
+        ``|v_b| ≤ M_b`` (the bound of its clamp, :mod:`dpsql.workload.values`; 1 for counts),
+        and one unit by at most ``k`` rows (``max_rows_per_unit``). Gaussian: whitened by
+        each block's σ the release is one Gaussian mechanism with σ = 1 and sensitivity
+        ``k·sqrt(max_j Σ_b M_b² ‖A_b e_j‖²/σ_b²)`` plus float and lattice slack, checked
+        against the charged (ε, δ) and ρ like any Gaussian release. Laplace: each block's
+        scale against its share ε_b at L1 sensitivity ``k M_b Δ₁(A_b)``, the shares summing
+        to at most the charged ε (basic composition). A shortfall raises
+        :class:`ScaleRefused`: nothing is charged, read or sampled.
+
+        The engine clamps each value to exactly the bounds the sensitivity was derived from
+        (:func:`dpsql.kernel.data._sum_of`); sums of values are multiplied exactly and
+        rounded once (:func:`~dpsql.kernel.joint.sum_measure`), counts as for any dense plan.
+        """
+        sensitivities = checked_joint(workload, joint, request, mechanism,
+                                      policy.contribution)
+        read = reader(con, policy, self.spark)
+        release_id, names = ledger.charge(con, policy, request)   # committed here
+        x, sums = _data_vectors(read, policy, workload, joint.values)
+        ys, pending = [], iter(sums)
+        for block, sensitivity in zip(joint.blocks, sensitivities):
+            values = (block.plan.measure(x) if block.value is None
+                      else sum_measure(block.plan, next(pending), block.value))
+            if mechanism == "laplace":
+                y, _ = self.sampler.laplace(values, block.scale, sensitivity=sensitivity,
+                                            epsilon=block.epsilon)
+            else:
+                y, _ = self.sampler.sample(values, block.scale, sensitivity=sensitivity)
+            ys.append(np.asarray(y, dtype=float))
+        del x, sums
+        return Measurement(release_id, names, np.concatenate(ys), math.nan, 0.0,
+                           self.private)
 
     def _noisy(self, values: np.ndarray, sigma: float, sensitivity: float,
                request: ledger.Charge, mechanism: str, release_id: int,

@@ -9,9 +9,15 @@ included, from importing the engines. A read has two steps:
    cannot be reached, or lost a declared column, is refused here: nothing is charged.
 2. :func:`_data_vector` / :func:`_clique_marginals`, called by
    :mod:`dpsql.kernel.boundary` only after the charge is committed, so whatever happens once
-   the data is touched has been paid for. Both refuse a table of 2**32 rows or more, for
+   the data is touched has been paid for. Each refuses a table of 2**32 rows or more, for
    which the products ``A x`` would no longer be exact in float64 (the charge stays spent;
-   nothing is released).
+   nothing is released). :func:`_data_vectors` adds the per-cell sums of bounded values
+   (SUM/AVG) to the counts, in the same scan.
+
+Under user-level privacy (the policy's ``privacy_unit``) every read keeps at most
+``max_rows_per_unit`` rows per unit (:func:`_cap`): the selection key is read from the
+control database here, after the charge, and goes nowhere but into the engine's query,
+which DuckDB and Spark evaluate alike (:mod:`dpsql.engines.query`).
 """
 
 from __future__ import annotations
@@ -23,9 +29,11 @@ from types import ModuleType
 import numpy as np
 
 from dpsql.engines import duckdb as engine
-from dpsql.engines import mapping
+from dpsql.engines import mapping, query
 from dpsql.errors import EngineError, PolicyError, StrategyError, UnknownTableError
+from dpsql.store import ledger
 from dpsql.workload.matrix import EXACT_ROWS
+from dpsql.workload.values import ValueBound
 
 
 class SparkLink:
@@ -62,12 +70,19 @@ class Reader:
     module: ModuleType      # dpsql.engines.duckdb or dpsql.engines.spark
     where: tuple            # the module's leading arguments: (con, table) or (spark, source, table)
     types: dict
+    control: object = None  # the control database (the per-unit selection key lives there)
 
-    def data_vector(self, columns, n_cells: int) -> np.ndarray:
-        return self.module.data_vector(*self.where, columns, n_cells, types=self.types)
+    def data_vector(self, columns, n_cells: int, cap=None) -> np.ndarray:
+        return self.module.data_vector(*self.where, columns, n_cells, cap=cap,
+                                       types=self.types)
 
-    def marginals(self, columns, cliques) -> dict:
-        return self.module.marginals(*self.where, columns, cliques, types=self.types)
+    def data_vectors(self, columns, n_cells: int, sums, cap=None) -> tuple[np.ndarray, list]:
+        return self.module.data_vectors(*self.where, columns, n_cells, sums, cap=cap,
+                                        types=self.types)
+
+    def marginals(self, columns, cliques, cap=None) -> dict:
+        return self.module.marginals(*self.where, columns, cliques, cap=cap,
+                                     types=self.types)
 
 
 def source_columns(con, policy, spark: SparkLink | None) -> tuple[ModuleType, tuple, dict]:
@@ -90,7 +105,8 @@ def source_columns(con, policy, spark: SparkLink | None) -> tuple[ModuleType, tu
 def unreadable(policy, types: dict) -> list[str]:
     """Why the source's columns cannot be read under their declared domains: missing
     columns, and (Spark) types whose reading would differ between engines."""
-    missing = [c for c in policy.column_names if c not in types]
+    unit = getattr(policy, "privacy_unit", None)
+    missing = [c for c in [*policy.column_names, *([unit] if unit else [])] if c not in types]
     if missing:
         return [f"{policy.source.label() if policy.source.spark else 'the table'} has no "
                 f"column(s) {missing} (it has {sorted(types)})"]
@@ -111,12 +127,33 @@ def reader(con, policy, spark: SparkLink | None) -> Reader:
     if problems:
         raise PolicyError(f"table {policy.table!r}: {'; '.join(problems)}; protect it again "
                           "once fixed; nothing was charged")
-    return Reader(module, where, types)
+    return Reader(module, where, types, con)
+
+
+def _reader_of(read, policy) -> Reader:
+    """``read`` itself, or the DuckDB reader of a control-database connection (tests)."""
+    return read if isinstance(read, Reader) else reader(read, policy, None)
 
 
 def _columns(policy, workload) -> list:
     """Each used column with its declared domain and its units' parts (public)."""
     return [(p.column, policy.column(p.column), p.unit_to_part) for p in workload.partitions]
+
+
+def _cap(read: Reader, policy) -> query.Cap | None:
+    """The per-unit row cap of a user-level policy, or None (row-level privacy); its key is
+    read here, after the charge."""
+    if getattr(policy, "privacy_unit", None) is None:
+        return None
+    return query.Cap(policy.privacy_unit, int(policy.contribution),
+                     ledger.unit_key(read.control, policy.table))
+
+
+def _sum_of(value) -> query.Sum:
+    """The engine's per-cell sum of a bounded value (:class:`~dpsql.sql.ir.Value`), in the
+    whole units :class:`~dpsql.workload.values.ValueBound` derives from its bounds."""
+    b = ValueBound(value.lo, value.hi)
+    return query.Sum(value.column, b.exponent, b.lo_units, b.hi_units)
 
 
 def _check_rows(rows: float) -> None:
@@ -125,17 +162,29 @@ def _check_rows(rows: float) -> None:
                             "this release was charged and nothing was released")
 
 
-def _data_vector(read: Reader, policy, workload) -> np.ndarray:
+def _data_vector(read, policy, workload) -> np.ndarray:
     """The cell counts of a compiled workload (called only after the charge is committed)."""
-    x = read.data_vector(_columns(policy, workload), workload.n_cells)
+    read = _reader_of(read, policy)
+    x = read.data_vector(_columns(policy, workload), workload.n_cells, _cap(read, policy))
     _check_rows(x.sum())
     return x
 
 
-def _clique_marginals(read: Reader, policy, workload, cliques) -> dict:
+def _data_vectors(read, policy, workload, values) -> tuple[np.ndarray, list]:
+    """The cell counts and, per bounded value, its per-cell sums in whole units (int64), by
+    one scan (called only after the charge is committed)."""
+    read = _reader_of(read, policy)
+    x, sums = read.data_vectors(_columns(policy, workload), workload.n_cells,
+                                [_sum_of(v) for v in values], _cap(read, policy))
+    _check_rows(x.sum())
+    return x, sums
+
+
+def _clique_marginals(read, policy, workload, cliques) -> dict:
     """The marginals of ``cliques`` over the columns' declared parts, by one engine scan
     (``GROUPING SETS``: every part present, zeros included; called only after the charge is
     committed)."""
-    counts = read.marginals(_columns(policy, workload), cliques)
+    read = _reader_of(read, policy)
+    counts = read.marginals(_columns(policy, workload), cliques, _cap(read, policy))
     _check_rows(max(float(T.sum()) for T in counts.values()))
     return counts

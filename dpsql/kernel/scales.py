@@ -28,6 +28,7 @@ from dpsql.store import ledger
 from dpsql.workload.marginals import (MarginalPlan, computed_l1_sensitivity,
                                      computed_l2_sensitivity)
 from dpsql.workload.matrix import QUANTUM_BITS, Plan, exact_l1_sensitivity
+from dpsql.workload.values import times_contribution
 
 #: a recorded zCDP ρ may overstate the exact one by at most this (relative); above, the
 #: ledger's record does not match the σ used and the release is refused
@@ -51,44 +52,59 @@ def _on_grid(A) -> bool:
 
 
 def _checked_scale(workload, plan: Plan, sigma: float, request: ledger.Charge,
-                   mechanism: str) -> float:
+                   mechanism: str, contribution: int = 1) -> float:
     """The plan's exact sensitivity, once σ (or b) and the charge are verified against it
     (:meth:`Kernel.release <dpsql.kernel.boundary.Kernel.release>`): the largest column L1
-    norm of ``A`` for Laplace, L2 for Gaussian, checked by :func:`_checked_laplace` or
-    :func:`_checked_gaussian`; raises :class:`ScaleRefused` otherwise. Public inputs only."""
+    norm of ``A`` for Laplace, L2 for Gaussian, times ``contribution`` (the rows one unit
+    of privacy adds or removes at most: ``k`` rows move ``A x`` by at most ``k`` columns),
+    checked by :func:`_checked_laplace` or :func:`_checked_gaussian`; raises
+    :class:`ScaleRefused` otherwise. Public inputs only."""
     what = f"{mechanism} release of strategy {plan.strategy!r}"
     _checked_charge(request, mechanism, what)
     n_cols = plan.n if plan.A is None else plan.A.shape[1]
     if n_cols != workload.n_cells:
         _refuse_if(f"the plan covers {n_cols} cells, the workload {workload.n_cells}", what)
     p = plan.n_measurements
+    k = int(contribution)           # exact: k times a double, rounded up below
     if mechanism == "laplace":
-        sensitivity = 1.0 if plan.A is None else exact_l1_sensitivity(plan.A)
+        sensitivity = times_contribution(k, 1.0 if plan.A is None else exact_l1_sensitivity(plan.A))
         _checked_laplace(sigma, request, sensitivity, p, what)
         return sensitivity
-    sensitivity = 1.0 if plan.A is None else verify.exact_l2_norm(plan.A)
+    sensitivity = times_contribution(k, 1.0 if plan.A is None else verify.exact_l2_norm(plan.A))
     _checked_gaussian(sigma, request, sensitivity, p, what)
     return sensitivity
 
 
+
 def _checked_marginal_scale(workload, plan: MarginalPlan, sigma: float,
-                            request: ledger.Charge, mechanism: str) -> float:
+                            request: ledger.Charge, mechanism: str,
+                            contribution: int = 1) -> float:
     """:func:`_checked_scale` for a plan measured through marginals: the sensitivity the
     kernel derives from the plan's factors and scales
     (:func:`~dpsql.workload.marginals.computed_l1_sensitivity` for Laplace,
     :func:`~dpsql.workload.marginals.computed_l2_sensitivity` for Gaussian: exact bounds,
     enlarged for the float64 evaluation of ``A x``), once σ (or b) and the charge are
-    verified against it by the same checks as dense plans."""
+    verified against it by the same checks as dense plans (times ``contribution``, as in
+    :func:`_checked_scale`)."""
     what = f"{mechanism} release of strategy {plan.strategy!r}"
     if tuple(plan.sizes) != tuple(workload.shape):
         _refuse_if(f"the plan covers parts {plan.sizes}, the workload {workload.shape}", what)
+    k = int(contribution)
     if mechanism == "laplace":
-        sensitivity = computed_l1_sensitivity(plan)
+        sensitivity = times_contribution(k, computed_l1_sensitivity(plan))
         _checked_laplace(sigma, request, sensitivity, plan.n_measurements, what)
     else:
-        sensitivity = computed_l2_sensitivity(plan)
+        sensitivity = times_contribution(k, computed_l2_sensitivity(plan))
         _checked_gaussian(sigma, request, sensitivity, plan.n_measurements, what)
     return sensitivity
+
+
+def _row_level_only(policy, what: str) -> None:
+    """Refuse a release whose sensitivities assume one row per unit of privacy (MWEM, d_X)
+    on a table declaring a privacy unit; nothing charged or read."""
+    if getattr(policy, "privacy_unit", None) is not None:
+        _refuse_if(f"table {policy.table!r} declares privacy unit {policy.privacy_unit!r}; "
+                   "this mechanism's sensitivities are for one row", what)
 
 
 def _checked_charge(request: ledger.Charge, mechanism: str, what: str,

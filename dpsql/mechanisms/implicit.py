@@ -15,6 +15,10 @@ Candidates today:
 - ``marginals`` (Laplace, pure ε) — each maximal clique's marginal, identity factors, L1
   sensitivity = the number of cliques (:class:`MarginalsChoice`); it wins for one or a few
   GROUP BYs, where Laplace at sensitivity 1 beats any Gaussian;
+- ``kron`` (Gaussian with δ > 0, or Laplace; only for batches with ranges or IN lists inside
+  their blocks, such as a quantile's CDF counts) — a union of Kronecker strategies
+  (:mod:`dpsql.strategies.union_kron`: HDMM's OPT⊗ per range column, OPT₊ weights over
+  groups of blocks; :class:`KronChoice`);
 - the dense candidates (``identity``, ``eigen``, …) need the full product; they are listed
   as skipped, with the product's size, when it is over
   :data:`dpsql.sql.implicit.DENSE_MAX_CELLS`.
@@ -36,6 +40,7 @@ from dpsql.noise.gaussian import calibrate_with_rounding
 from dpsql.store.results import Z95, Candidate, Explanation
 from dpsql.strategies import residual, symmetric
 from dpsql.strategies import AUTO_CANDIDATES
+from dpsql.workload.values import times_contribution
 
 #: the bound is skipped (explain says so) when its eigenvalues need more flops than this
 MAX_BOUND_FLOPS = 2e9
@@ -53,9 +58,15 @@ class ResidualChoice:
     def sensitivity(self) -> float:
         return self.plan.sensitivity
 
-    def scale(self, eps, dlt, calibration: str) -> float:
-        return calibrate_with_rounding(eps, dlt, self.sensitivity, self.plan.n_measurements,
-                                       calibration)
+    @property
+    def n_measurements(self) -> int:
+        """(read with the sensitivity when a script pre-checks the charge's ρ)"""
+        return self.plan.n_measurements
+
+    def scale(self, eps, dlt, calibration: str, contribution: int = 1) -> float:
+        return calibrate_with_rounding(eps, dlt,
+                                       times_contribution(contribution, self.sensitivity),
+                                       self.plan.n_measurements, calibration)
 
     def stderr(self, sigma: float) -> np.ndarray:
         """Every answer's exact standard error, block by block, in row order."""
@@ -96,10 +107,11 @@ class MarginalsChoice:
             for C in self.cliques])
         self.sensitivity = marginals.computed_l1_sensitivity(self.plan)
 
-    def scale(self, eps, dlt, calibration: str) -> float:
+    def scale(self, eps, dlt, calibration: str, contribution: int = 1) -> float:
         from dpsql.noise.laplace import laplace_scale
 
-        return laplace_scale(eps, self.sensitivity, self.plan.n_measurements)
+        return laplace_scale(eps, times_contribution(contribution, self.sensitivity),
+                             self.plan.n_measurements)
 
     def _home(self, B) -> tuple:
         sizes = self.workload.union.sizes
@@ -140,6 +152,66 @@ class MarginalsChoice:
         return self.workload.assemble(per_block)
 
 
+class KronChoice:
+    """A union of Kronecker strategies (:mod:`dpsql.strategies.union_kron`): Gaussian (L2
+    factors, residual plans for the other columns) or Laplace (L1 factors, clique
+    marginals), measured through marginals; the kernel derives its sensitivity itself."""
+
+    def __init__(self, workload, norm: str):
+        from dpsql.inference import union_kron as infer
+        from dpsql.strategies import union_kron
+        from dpsql.workload import marginals
+
+        self.workload, self.norm = workload, norm
+        self.mechanism = "gaussian" if norm == "l2" else "laplace"
+        self.kron = union_kron.plan(workload.union, norm)
+        found = union_kron.measurements(self.kron)
+        self.keys = [(j, A) for j, A, _ in found]
+        self.plan = marginals.make("kron", workload.union.sizes, [m for _, _, m in found])
+        self.sensitivity = self.plan.sensitivity if norm == "l2" else \
+            marginals.computed_l1_sensitivity(self.plan)
+        self._group = {k: j for j, g in enumerate(self.kron.groups) for k in g.blocks}
+        blocks = workload.union.blocks
+        self._variance = workload.assemble([infer.block_variance(self.kron, self._group[k], b)
+                                            for k, b in enumerate(blocks)])
+        self._top = None if norm == "l2" else workload.assemble(
+            [infer.block_max_weight(self.kron, self._group[k], b) for k, b in enumerate(blocks)])
+
+    def scale(self, eps, dlt, calibration: str, contribution: int = 1) -> float:
+        sensitivity = times_contribution(contribution, self.sensitivity)
+        if self.norm == "l1":
+            from dpsql.noise.laplace import laplace_scale
+
+            return laplace_scale(eps, sensitivity, self.plan.n_measurements)
+        return calibrate_with_rounding(eps, dlt, sensitivity, self.plan.n_measurements,
+                                       calibration)
+
+    def stderr(self, scale: float) -> np.ndarray:
+        factor = 2.0 if self.norm == "l1" else 1.0      # Laplace: variance 2b²
+        return float(scale) * np.sqrt(factor * self._variance)
+
+    def halfwidth(self, scale: float) -> np.ndarray:
+        if self.norm == "l2":
+            return Z95 * self.stderr(scale)
+        from dpsql.inference.intervals import laplace_sum_halfwidth
+
+        return laplace_sum_halfwidth(self._variance, self._top, scale)
+
+    def answers(self, y: np.ndarray) -> np.ndarray:
+        from dpsql.inference import union_kron as infer
+
+        tensors, start = {}, 0
+        for key, meas in zip(self.keys, self.plan.measurements):
+            shape = tuple(F.shape[0] for F in meas.factors)
+            tensors[key] = np.asarray(y[start:start + math.prod(shape)]).reshape(shape)
+            start += math.prod(shape)
+        if start != len(y):
+            raise StrategyError(f"internal error: expected {start} measurements, got {len(y)}")
+        return self.workload.assemble([
+            infer.block_answers(self.kron, self._group[k], b, tensors)
+            for k, b in enumerate(self.workload.union.blocks)])
+
+
 def _maximal(cliques) -> tuple:
     return tuple(C for C in cliques if not any(set(C) < set(D) for D in cliques))
 
@@ -157,24 +229,41 @@ def _split(plan, y: np.ndarray) -> dict:
     return tensors
 
 
+def _kron_choices(workload, gaussian: bool) -> list:
+    """The union-of-Kronecker candidates when some block has ranges or IN lists inside:
+    Laplace (L1 factors) always, Gaussian (L2) when δ > 0."""
+    from dpsql.strategies.union_kron import general_columns
+
+    if not general_columns(workload.union):
+        return []
+    return [KronChoice(workload, norm) for norm in (("l2", "l1") if gaussian else ("l1",))]
+
+
 def bound_total(workload) -> tuple[float, str]:
     """(svdb total, note): the singular value bound of the blocks, or NaN and why not.
 
     The bound's cost is predicted first (``Σ_S size_S³`` flops over the invariant blocks of
-    the closure) and it is skipped, with a note, over :data:`MAX_BOUND_FLOPS`."""
-    union = workload.union
+    the closure, on the GROUP BY columns when range columns are factored out:
+    :func:`dpsql.strategies.symmetric.union_svdb`) and it is skipped, with a note, over
+    :data:`MAX_BOUND_FLOPS`."""
     try:
+        general, _, union, _ = symmetric.split_for_bound(workload.union)
+        if union is None:
+            return float(symmetric.union_svdb(workload.union)), ""
         parts = symmetric.column_parts(union)
         sizes = union.sizes
         flops = sum(math.prod(1 + sizes[i] - parts[i][0] for i in range(len(sizes))
                               if i not in S) ** 3
                     for S in residual.closure([b.used for b in union.blocks]))
+        flops += sum(workload.union.sizes[i] ** 3 for i in general)
         if flops > MAX_BOUND_FLOPS:
             return math.nan, (f"bound skipped: its invariant blocks need ~{flops:.1e} flops "
                               f"(limit {MAX_BOUND_FLOPS:.0e})")
-        return float(symmetric.restricted_svdb(union)), ""
+        return float(symmetric.union_svdb(workload.union)), ""
     except StrategyError as exc:
-        return math.nan, f"no lower bound computed: {exc}"
+        text = str(exc)
+        return math.nan, text if text.startswith("no lower bound") else \
+            f"no lower bound computed: {text}"
 
 
 #: predicted bytes per answer (answer, standard error, half-width, its key tuple, the table
@@ -206,12 +295,12 @@ def check_limits(workload) -> None:
             + f"), over {limit.describe()}; nothing was charged; split the batch")
 
 
-def _candidate(choice, eps, dlt, calibration: str, bound: float) -> Candidate:
+def _candidate(choice, eps, dlt, calibration: str, bound: float, k: int = 1) -> Candidate:
     started = time.perf_counter()
-    scale = choice.scale(eps, dlt, calibration)
+    scale = choice.scale(eps, dlt, calibration, k)
     stderr = choice.stderr(scale)
     rmse = float(np.sqrt(np.mean(stderr ** 2))) if stderr.size else 0.0
-    return Candidate(choice.plan.strategy, scale, choice.sensitivity, rmse, stderr,
+    return Candidate(choice.plan.strategy, scale, k * choice.sensitivity, rmse, stderr,
                      seconds=time.perf_counter() - started, plan=choice,
                      bound_ratio=rmse / bound if bound > 0 else math.nan,
                      mechanism=choice.mechanism)
@@ -228,14 +317,16 @@ def select(policy, workload, eps, dlt, calibration: str, reuse: bool = False):
     from dpsql.mechanisms.halfwidths import bound_rmse
 
     choices = [MarginalsChoice(workload)]
-    if dlt > 0 and policy.delta > 0:
+    gaussian = dlt > 0 and policy.delta > 0
+    if gaussian:
         rplan = residual.blocks_plan(workload.union)
         choices.insert(0, ResidualChoice(workload, rplan, residual.as_marginal_plan(rplan)))
-    candidates = []
+    choices += _kron_choices(workload, gaussian)
+    candidates, k = [], policy.contribution      # rows per unit of privacy
     for choice in choices:
-        bound = bound_rmse(choice.mechanism, eps, dlt, calibration, total,
-                           workload.n_queries) if math.isfinite(total) else math.nan
-        candidates.append(_candidate(choice, eps, dlt, calibration, bound))
+        bound = k * bound_rmse(choice.mechanism, eps, dlt, calibration, total,
+                               workload.n_queries) if math.isfinite(total) else math.nan
+        candidates.append(_candidate(choice, eps, dlt, calibration, bound, k))
     best = min(candidates, key=lambda c: c.rmse)
     skipped = [Candidate(name, math.nan, math.nan, math.nan, np.zeros(0),
                          note=f"skipped: needs the full product of {workload.n_cells:,} "
@@ -246,7 +337,7 @@ def select(policy, workload, eps, dlt, calibration: str, reuse: bool = False):
                                  note="skipped: answers from past releases are not combined "
                                       "with batches compiled to blocks yet (no effect on "
                                       "these answers)"))
-    bound = bound_rmse(best.mechanism, eps, dlt, calibration, total, workload.n_queries) \
+    bound = k * bound_rmse(best.mechanism, eps, dlt, calibration, total, workload.n_queries) \
         if math.isfinite(total) else math.nan
     expl = Explanation(policy.table, float(eps), float(dlt), best.strategy, best.sigma,
                        best.rmse, best.stderr, workload.n_queries, workload.n_cells,

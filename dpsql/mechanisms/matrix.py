@@ -24,6 +24,7 @@ from dpsql.errors import StrategyError
 from dpsql.noise.gaussian import calibrate_with_rounding
 from dpsql.sql.compile import Workload
 from dpsql.strategies import AUTO_CANDIDATES, REGISTRY, WorkloadInfo, spec
+from dpsql.workload.values import times_contribution
 
 
 def registry(family: str) -> tuple[dict, tuple]:
@@ -40,17 +41,21 @@ def family_of(delta) -> str:
     return "laplace" if delta == 0 else "gaussian"
 
 
-def noise_scale(family: str, plan, eps, dlt, calibration: str) -> tuple[float, float]:
-    """(scale, per-measurement variance) for ``plan`` in ``family``."""
+def noise_scale(family: str, plan, eps, dlt, calibration: str,
+                contribution: int = 1) -> tuple[float, float]:
+    """(scale, per-measurement variance) for ``plan`` in ``family``; ``contribution``: the
+    rows one unit of privacy adds or removes at most (the policy's ``max_rows_per_unit``),
+    which multiplies the sensitivity (:func:`~dpsql.workload.values.times_contribution`)."""
     if family == "laplace":
         from dpsql.noise.laplace import laplace_scale
 
-        b = laplace_scale(eps, plan.l1_sensitivity, plan.n_measurements)
+        b = laplace_scale(eps, times_contribution(contribution, plan.l1_sensitivity),
+                          plan.n_measurements)
         return b, 2.0 * b * b
     # ε and δ exactly as charged (the calibration rounds them down, as the kernel's check
     # does, so the kernel recomputes this very σ; issue 15)
-    sigma = calibrate_with_rounding(eps, dlt, plan.sensitivity, plan.n_measurements,
-                                    calibration)
+    sigma = calibrate_with_rounding(eps, dlt, times_contribution(contribution, plan.sensitivity),
+                                    plan.n_measurements, calibration)
     return sigma, sigma * sigma
 
 

@@ -96,15 +96,19 @@ def _solved(plan, W) -> tuple:
     return solver, solver.error_factors(W)
 
 
-def price(e: Evaluation, eps, dlt, calibration: str, bound: float) -> Candidate:
-    """A candidate at this ε, δ and calibration: its noise scale and standard errors."""
+def price(e: Evaluation, eps, dlt, calibration: str, bound: float,
+          contribution: int = 1) -> Candidate:
+    """A candidate at this ε, δ and calibration: its noise scale and standard errors
+    (``contribution``: the policy's rows per unit of privacy, which scales every
+    sensitivity)."""
     if e.factors is None:
         return Candidate(e.name, math.nan, math.nan, math.nan, np.zeros(0), note=e.note,
                          mechanism=e.family)
-    scale, variance = matrix.noise_scale(e.family, e.plan, eps, dlt, calibration)
+    scale, variance = matrix.noise_scale(e.family, e.plan, eps, dlt, calibration, contribution)
     stderr = np.sqrt(variance * np.maximum(e.factors, 0.0))
     rmse = float(np.sqrt(np.mean(stderr ** 2))) if len(stderr) else 0.0
-    sensitivity = e.plan.l1_sensitivity if e.family == "laplace" else e.plan.sensitivity
+    sensitivity = contribution * (e.plan.l1_sensitivity if e.family == "laplace"
+                                  else e.plan.sensitivity)
     return Candidate(e.name, scale, sensitivity, rmse, stderr, seconds=e.seconds,
                      bound_ratio=rmse / bound if bound > 0 else math.nan, cached=e.cached,
                      plan=e.plan, mechanism=e.family)
@@ -128,7 +132,8 @@ def requested(policy, dlt, strategy: str) -> list[tuple]:
 
 
 def select(con, policy, workload: Workload, eps, dlt, strategy: str,
-           calibration: str, objective: str = "rmse") -> Explanation:
+           calibration: str, objective: str = "rmse", family: str | None = None
+           ) -> Explanation:
     """Every candidate's expected error and the best one (no data, no budget).
 
     ``objective``: ``rmse`` (the workload's RMSE, default) or ``max_stderr`` (the largest
@@ -136,9 +141,13 @@ def select(con, policy, workload: Workload, eps, dlt, strategy: str,
     (:func:`evaluate`, the singular value bound) comes from the selection cache when this
     workload was seen with the same candidates (:mod:`dpsql.store.selection_cache`); the chosen
     candidate then carries its real plan, re-read and re-verified, and a solver whose
-    factorisation is read (or computed) only when it is used."""
+    factorisation is read (or computed) only when it is used. ``family`` (``gaussian`` or
+    ``laplace``) keeps only that noise family's candidates (a joint release has one); the
+    policy's ``contribution`` (rows per unit of privacy) scales every noise scale."""
     auto = strategy == "auto"
-    names, skipped = fit.screen(workload, requested(policy, dlt, strategy), auto)
+    k = getattr(policy, "contribution", 1)
+    wanted = [n for n in requested(policy, dlt, strategy) if family in (None, n[0])]
+    names, skipped = fit.screen(workload, wanted, auto)
     bound_note = fit.bound_fits(workload)        # sizes first: before any eigenvalue
     for fresh in (False, True):
         started = time.perf_counter()
@@ -147,10 +156,10 @@ def select(con, policy, workload: Workload, eps, dlt, strategy: str,
                                                     bound_note is None)
         except MemoryError:
             raise fit.out_of_memory(workload) from None
-        bounds_by = {f: halfwidths.bound_rmse(f, eps, dlt, calibration, total,
-                                              workload.n_queries)
+        bounds_by = {f: k * halfwidths.bound_rmse(f, eps, dlt, calibration, total,
+                                                  workload.n_queries)
                      for f in {f for f, _, _ in names}}
-        candidates = [price(e, eps, dlt, calibration, bounds_by[e.family]) for e in evals]
+        candidates = [price(e, eps, dlt, calibration, bounds_by[e.family], k) for e in evals]
         usable = [i for i, c in enumerate(candidates) if np.isfinite(c.rmse)]
         if not usable:
             raise StrategyError("no strategy can answer this batch: "
@@ -167,7 +176,7 @@ def select(con, policy, workload: Workload, eps, dlt, strategy: str,
             _remember(con, where, workload, total, evals, i)
         break
     best = candidates[i]
-    candidates += [price(e, eps, dlt, calibration, math.nan) for e in skipped]
+    candidates += [price(e, eps, dlt, calibration, math.nan, k) for e in skipped]
     return Explanation(policy.table, float(eps), float(dlt), best.strategy, best.sigma,
                        best.rmse, best.stderr, workload.n_queries, workload.n_cells,
                        tuple(candidates),

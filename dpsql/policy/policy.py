@@ -14,6 +14,8 @@ An optional ``rows = 32561`` declares the table's row count public (the data own
 decision: under add/remove-one-row neighbours the count is otherwise private); MWEM then
 uses it instead of spending budget on estimating it. An optional ``[tables.<t>.metric]``
 section declares a d_X (metric privacy) model with its own budget (:mod:`dpsql.policy.record_metric`).
+Optional ``[tables.<t>.public.<name>]`` sections declare public lookup tables a query may
+join on their key (:mod:`dpsql.policy.public`).
 An optional ``zcdp_delta`` is the share of ``delta`` reserved for the zCDP accountant
 (:mod:`dpsql.noise.composition`, docs/accounting.md): basic composition may then charge
 ``delta - zcdp_delta``. It defaults to half of ``delta``; ``0`` means basic composition alone.
@@ -21,6 +23,14 @@ Policies saved before this setting existed read back as ``0`` (never more budget
 rule they were protected under).
 An optional ``source`` says where the rows live (a Spark table or files,
 :mod:`dpsql.policy.source`); by default the DuckDB table of the policy's name.
+User-level privacy: ``privacy_unit = "person_id"`` with ``max_rows_per_unit = k`` makes the
+neighbouring relation "add or remove one unit" (every row of one person): the engine keeps at
+most ``k`` rows per unit, chosen by a keyed hash (:mod:`dpsql.engines.duckdb`, the key drawn
+at ``protect`` and kept out of the policy's JSON, :func:`dpsql.store.ledger.save_policy`), and
+every sensitivity is multiplied by ``k`` (:attr:`TablePolicy.contribution`; derivation in
+:mod:`dpsql.workload.values`). A row whose unit is NULL is a unit of its own.
+``max_groups_per_unit`` is refused: a unit's rows bound its groups already (``k`` rows fall
+in at most ``k`` groups), and a separate group cap would need a second, per-query selection.
 Domains are never inferred from data. Budgets are kept as exact fractions (floats are read through
 their shortest decimal form, so ``0.1`` is exactly one tenth).
 """
@@ -35,12 +45,18 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from dpsql.noise.accounting import fraction_from_text, fraction_to_text, to_exact
+from dpsql.policy.public import public_tables
 from dpsql.policy.source import Source, source_from_spec
 from dpsql.workload.domain import Domain, domain_from_spec
 from dpsql.workload import limits as planning
 from dpsql.errors import PolicyError, PrivacyParameterError, read_input_file
 
-_TABLE_FIELDS = {"epsilon", "delta", "columns", "rows", "metric", "zcdp_delta", "source"}
+_TABLE_FIELDS = {"epsilon", "delta", "columns", "rows", "metric", "zcdp_delta", "public",
+                 "source", "privacy_unit", "max_rows_per_unit", "max_groups_per_unit"}
+
+#: the largest ``max_rows_per_unit``: every sensitivity is multiplied by it, so a larger one
+#: only buys noise (a unit with more rows than this is better summarised before protecting)
+MAX_ROWS_PER_UNIT = 1_000_000
 
 
 def _is_identifier(name: str) -> bool:
@@ -62,6 +78,22 @@ class TablePolicy:
     zcdp_delta: Fraction = Fraction(0)
     #: where the rows live (:mod:`dpsql.policy.source`): the DuckDB table by default
     source: Source = Source()
+    #: user-level privacy: the column naming each row's unit (a person), and how many rows
+    #: of one unit are kept at most (None, None: row-level privacy)
+    privacy_unit: str | None = None
+    max_rows_per_unit: int | None = None
+    #: public lookup tables a query may JOIN on their key (:mod:`dpsql.policy.public`)
+    public: tuple = ()
+
+    def public_table(self, name: str):
+        """The declared public table ``name`` (a PublicTable), or None."""
+        return next((p for p in self.public if p.name == name.lower()), None)
+
+    @property
+    def contribution(self) -> int:
+        """How many rows one unit of privacy adds or removes at most: ``max_rows_per_unit``
+        under user-level privacy, else 1 (a row). Every sensitivity is multiplied by it."""
+        return self.max_rows_per_unit if self.privacy_unit is not None else 1
 
     @property
     def budget(self):
@@ -94,6 +126,11 @@ class TablePolicy:
         doc["zcdp_delta"] = fraction_to_text(self.zcdp_delta)
         if self.source.spark:      # a DuckDB table's policy reads as it always did
             doc["source"] = self.source.describe()
+        if self.public:
+            doc["public"] = {p.name: p.describe() for p in self.public}
+        if self.privacy_unit is not None:
+            doc["privacy_unit"] = self.privacy_unit
+            doc["max_rows_per_unit"] = self.max_rows_per_unit
         return json.dumps(doc)
 
     @classmethod
@@ -113,7 +150,35 @@ class TablePolicy:
         return cls(raw["table"], fraction_from_text(raw["epsilon"]),
                    fraction_from_text(raw["delta"]), cols, rows=raw.get("rows"), metric=metric,
                    zcdp_delta=Fraction(0) if zcdp is None else fraction_from_text(zcdp),
+                   public=public_tables(raw["table"], raw.get("public"), dict(cols)),
+                   privacy_unit=raw.get("privacy_unit"),
+                   max_rows_per_unit=raw.get("max_rows_per_unit"),
                    source=source_from_spec(raw["table"], raw.get("source")))
+
+
+def _privacy_unit(table: str, spec: Mapping[str, Any]) -> tuple[str | None, int | None]:
+    """(privacy_unit, max_rows_per_unit) of a policy entry: both or neither."""
+    if spec.get("max_groups_per_unit") is not None:
+        raise PolicyError(
+            f"policy for table {table!r}: max_groups_per_unit is not supported: a unit's rows "
+            "are capped by max_rows_per_unit, which bounds its groups too (k rows fall in at "
+            "most k groups); drop max_groups_per_unit and declare max_rows_per_unit")
+    unit, k = spec.get("privacy_unit"), spec.get("max_rows_per_unit")
+    if unit is None and k is None:
+        return None, None
+    if unit is None or k is None:
+        raise PolicyError(
+            f"policy for table {table!r}: user-level privacy needs both privacy_unit (the "
+            "column naming each row's person) and max_rows_per_unit (how many of a person's "
+            "rows are kept at most); declare both, or neither for row-level privacy")
+    if not _is_identifier(unit):
+        raise PolicyError(f"policy for table {table!r}: privacy_unit must name a column "
+                          f"with a plain SQL identifier, got {unit!r}")
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_ROWS_PER_UNIT:
+        raise PolicyError(
+            f"policy for table {table!r}: max_rows_per_unit must be an integer from 1 to "
+            f"{MAX_ROWS_PER_UNIT:,} (every sensitivity is multiplied by it), got {k!r}")
+    return unit.lower(), k
 
 
 def _zcdp_delta(table: str, spec: Mapping[str, Any], delta: Fraction) -> Fraction:
@@ -185,8 +250,11 @@ def table_policy_from_spec(table: str, spec: Mapping[str, Any]) -> TablePolicy:
         from dpsql.policy.record_metric import MetricModel
 
         metric = MetricModel.from_dict(spec["metric"], table=table, domains=dict(cols))
+    unit, k = _privacy_unit(table, spec)
     return TablePolicy(table.lower(), epsilon, delta, tuple(cols), rows=rows, metric=metric,
-                       zcdp_delta=zcdp_delta, source=source_from_spec(table, spec.get("source")))
+                       zcdp_delta=zcdp_delta, privacy_unit=unit, max_rows_per_unit=k,
+                       public=public_tables(table, spec.get("public"), dict(cols)),
+                       source=source_from_spec(table, spec.get("source")))
 
 
 def _usable(table: str, name: str, domain):

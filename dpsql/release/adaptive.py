@@ -12,13 +12,14 @@ from fractions import Fraction
 
 import numpy as np
 
-from dpsql.errors import PrivacyParameterError
+from dpsql.errors import PrivacyParameterError, StrategyError, UnsupportedQueryError
 from dpsql.mechanisms import catalog
 from dpsql.mechanisms.mwem.core import run_mwem
 from dpsql.mechanisms.mwem.options import check_run
 from dpsql.noise.accounting import PrivacyCost
 from dpsql.release.mechanism import Answers, Ask, Cost, Plan, Public, Shown
 from dpsql.release.support import _request_params
+from dpsql.sql.expand import needs_assembly
 
 
 @dataclass
@@ -42,10 +43,35 @@ class SyntheticPlan(Plan):
         return Answers(_synthetic_parts(self.workloads, answers))
 
 
+def counts_per_row(policy, queries, what: str) -> None:
+    """Refuse, before any charge, what these mechanisms do not answer: quantiles and GROUP BY
+    on a public table's column, SUM/AVG (the matrix mechanism answers them) and a table with
+    a privacy unit (their
+    sensitivities and metrics are for one row; the kernel refuses too)."""
+    from dpsql.sql.vectors import has_values
+
+    for q in queries:           # answered from other rows' released answers (sql/expand.py)
+        if needs_assembly(q):
+            shown = ("a quantile" if q.quantile is not None
+                     else "GROUP BY on a public table's column")
+            raise UnsupportedQueryError(
+                f"statement {q.index + 1}: {shown} is answered by the matrix mechanism "
+                f"(strategy auto or a named strategy, model dp), not by {what}; submit it in "
+                "a batch of its own")
+    if has_values(queries):
+        raise StrategyError(f"{what} answers COUNT batches only; SUM and AVG are answered by "
+                            "the matrix mechanism: use strategy 'auto' (model 'dp')")
+    if policy.privacy_unit is not None:
+        raise StrategyError(
+            f"table {policy.table!r} declares privacy unit {policy.privacy_unit!r} (user-level "
+            f"privacy); {what} bounds one row's effect only: use strategy 'auto' (model 'dp')")
+
+
 def plan_mwem(ask: Ask, public: Public) -> SyntheticPlan:
     """MWEM (Hardt, Ligett & McSherry): pure ε-DP, the full ε charged up front."""
     eps, dlt, strategy = ask.epsilon, ask.delta, ask.strategy
     policy, queries = public.parse(ask.sql)
+    counts_per_row(policy, queries, "mwem")
     if dlt != 0:
         raise PrivacyParameterError(
             "mwem is a pure epsilon-DP mechanism: ask for it with delta = 0")
@@ -79,6 +105,7 @@ def _metric_cost(ask: Ask, mechanism: str, strategy: str, n_queries: int, n_cell
 def plan_dx_mwem(ask: Ask, public: Public) -> SyntheticPlan:
     """d_X MWEM (Kamalaruban et al., Algorithm 2) against the kernel's metric oracle."""
     policy, queries = public.parse(ask.sql)
+    counts_per_row(policy, queries, "a d_X (metric) release")
     expl, options, compiled, blocks, graphs = catalog.dx_mwem_plan(policy, queries,
                                                                    ask.epsilon, ask.strategy)
     workloads = [w for w, _ in compiled]
@@ -98,6 +125,7 @@ def plan_dx_mwem(ask: Ask, public: Public) -> SyntheticPlan:
 def plan_dx_smalldb(ask: Ask, public: Public) -> SyntheticPlan:
     """d_X SmallDB (Kamalaruban et al. §3.2): one candidate histogram, selected by the d_X
     exponential mechanism in the kernel's metric oracle."""
+    counts_per_row(*public.parse(ask.sql), "a d_X (metric) release")
     policy, queries, workload = public.compile(ask.sql)
     expl, size, graph = catalog.dx_smalldb_plan(policy, workload, ask.epsilon, ask.strategy)
     eps = Fraction(ask.epsilon)
@@ -135,6 +163,7 @@ class DxLaplacePlan(Plan):
 
 
 def plan_dx_laplace(ask: Ask, public: Public) -> DxLaplacePlan:
+    counts_per_row(*public.parse(ask.sql), "a d_X (metric) release")
     policy, queries, workload = public.compile(ask.sql)
     expl, scales = catalog.explain_dx(policy, workload, ask.epsilon)
     cost = _metric_cost(ask, "dx_laplace", "dx_laplace", workload.n_queries, workload.n_cells,
@@ -145,8 +174,36 @@ def plan_dx_laplace(ask: Ask, public: Public) -> DxLaplacePlan:
                          workload=workload, scales=scales.scales)
 
 
+def _dense_only(kind: str, planner):
+    """The d_X planner, refusing up front and saying why a batch whose cell product is over
+    the dense limit: d_X privacy is defined by the metric between cells (the kernel checks
+    every edge of the cell graph), which Kronecker blocks do not carry."""
+    def plan(ask: Ask, public: Public):
+        try:
+            return planner(ask, public)
+        except UnsupportedQueryError:
+            from dpsql.sql.compile import MAX_CELLS, compile_parts
+
+            policy, queries = public.parse(ask.sql)
+            counts_per_row(policy, queries, kind)   # the refusal, if it was this one
+            parts = compile_parts(queries, policy)
+            if parts.n_cells <= MAX_CELLS:
+                raise
+            raise UnsupportedQueryError(
+                f"{kind} (metric privacy, d_X) needs the batch's full cell product, whose "
+                f"metric the kernel checks edge by edge; this batch's has {parts.n_cells:,} "
+                f"cells (limit {MAX_CELLS:,}; parts per column: "
+                + ", ".join(f"{p.column}={p.n_parts}" for p in parts.partitions)
+                + "), and d_X is not supported over Kronecker blocks; nothing was charged; "
+                "ask it over fewer columns per request, or use standard DP (model 'dp'), "
+                "which answers such batches through marginals") from None
+    return plan
+
+
 #: metric strategy name -> its mechanism
-DX = {"dx_laplace": plan_dx_laplace, "dx_mwem": plan_dx_mwem, "dx_smalldb": plan_dx_smalldb}
+DX = {name: _dense_only(name, planner) for name, planner in
+      (("dx_laplace", plan_dx_laplace), ("dx_mwem", plan_dx_mwem),
+       ("dx_smalldb", plan_dx_smalldb))}
 
 
 def _synthetic_parts(workloads, answers) -> list:

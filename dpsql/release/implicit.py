@@ -9,26 +9,31 @@ chose.
 
 What the implicit path does not do yet sends the batch to the dense form instead
 (:func:`compile_for`; the dense compile refuses products over its cell limit with the sizes
-and how to split): a strategy named explicitly, accuracy targets, and nonnegative/integer
-post-processing. Answers from past releases are not combined with an
+and how to split): a strategy named explicitly, accuracy targets, nonnegative/integer
+post-processing, and SUM/AVG (:mod:`dpsql.release.joint`). Answers from past releases are not combined with an
 implicit batch (explain says so); its measurements are not stored for reuse.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from dpsql.mechanisms import implicit as selection
 from dpsql.noise.accounting import PrivacyCost
 from dpsql.noise.gaussian import rounding_slack, zcdp_rho
+from dpsql.workload.values import times_contribution
 from dpsql.release.mechanism import Answers, Ask, Cost, Plan, Public, Shown
 from dpsql.release.support import _request_params
 
 
-def _dense_only(ask: Ask, policy) -> str | None:
+def _dense_only(ask: Ask, policy, queries=()) -> str | None:
     """Why this request needs the dense form, or None when the implicit path serves it."""
+    from dpsql.sql.vectors import has_values
+
+    if has_values(queries):
+        return "SUM or AVG (a measurement block per data vector)"
     if ask.strategy != "auto":
         return f"strategy {ask.strategy!r}"
     if ask.objective is not None:
@@ -43,10 +48,22 @@ def compile_for(ask: Ask, public: Public):
     request is one the implicit path serves, else the dense form."""
     from dpsql.sql import memo
 
+    from dpsql.errors import UnsupportedQueryError
+    from dpsql.sql.compile import MAX_CELLS
+
     policy, queries = public.parse(ask.sql)
     key = memo.batch_key(ask.sql, public.policies)
     workload = memo.compiled(key, queries, policy, implicit=True)
-    if getattr(workload, "implicit", False) and _dense_only(ask, policy) is not None:
+    reason = _dense_only(ask, policy, queries) if getattr(workload, "implicit", False) \
+        else None
+    if reason is not None:
+        if workload.n_cells > MAX_CELLS:
+            raise UnsupportedQueryError(
+                f"{reason} needs the batch's full cell product, and this batch's has "
+                f"{workload.n_cells:,} cells (limit {MAX_CELLS:,}): batches this wide are "
+                "answered through Kronecker blocks, which do not serve it yet; nothing was "
+                "charged; ask without it (strategy auto, epsilon, no nonnegative/integer "
+                "post-processing) or split the batch over fewer columns")
         workload = memo.compiled(key, queries, policy)
     return policy, queries, workload
 
@@ -114,15 +131,19 @@ class ImplicitPlan(Plan):
             | ask.flags
         scale, mplan = expl.sigma, choice.plan
         gaussian = choice.mechanism == "gaussian"
-        rho = zcdp_rho(scale, mplan.sensitivity + rounding_slack(scale, mplan.n_measurements)) \
+        k = policy.contribution          # rows per unit of privacy (1: a row)
+        rho = zcdp_rho(scale, times_contribution(k, mplan.sensitivity)
+                       + rounding_slack(scale, mplan.n_measurements)) \
             if gaussian else float(eps) ** 2 / 2.0
         cost = PrivacyCost(eps, ask.delta if gaussian else 0)
+        if gaussian and k != 1:                   # a script's pre-check reads it (x k)
+            expl = replace(expl, planned_rho=rho)
         return cls(
             policy, queries, expl,
             Cost(cost=cost, mechanism=choice.mechanism, strategy=expl.strategy,
                  n_queries=workload.n_queries, n_cells=workload.n_cells, params=params,
                  calibration=ask.calibration if gaussian else None, sigma=scale,
-                 sensitivity=choice.sensitivity, rho=rho, expected_rmse=expl.rmse,
+                 sensitivity=k * choice.sensitivity, rho=rho, expected_rmse=expl.rmse,
                  bound_ratio=expl.bound_ratio),
             Shown(float(eps), float(cost.delta), expl.strategy, scale, expl.rmse),
             workload=workload, choice=choice)

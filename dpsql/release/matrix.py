@@ -6,15 +6,16 @@ that meets an accuracy target. Public inputs only until ``measure``."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from dpsql.errors import DpsqlError
+from dpsql.errors import DpsqlError, StrategyError
 from dpsql.inference.least_squares import LeastSquares, consistent
 from dpsql.mechanisms import halfwidths
 from dpsql.mechanisms.reuse import records as reuse_records
 from dpsql.mechanisms.reuse.decide import decide
 from dpsql.noise.accounting import PrivacyCost
 from dpsql.noise.gaussian import rounding_slack, zcdp_rho
+from dpsql.workload.values import times_contribution
 from dpsql.release.mechanism import Answers, Ask, Cost, Plan, Public, Shown
 from dpsql.release.support import _request_params
 
@@ -23,10 +24,17 @@ def plan(ask: Ask, public: Public) -> Plan:
     """How the batch is answered and what it costs:
     :func:`dpsql.mechanisms.reuse.decide.decide` (strategy selection over the rows not
     answered free by past releases), or, for a batch compiled to Kronecker blocks,
-    :class:`dpsql.release.implicit.ImplicitPlan`."""
-    from dpsql.release import implicit
+    :class:`dpsql.release.implicit.ImplicitPlan`, or, for a batch with SUM/AVG,
+    :func:`dpsql.release.joint.plan` (one block per data vector, one charge)."""
+    from dpsql.release import implicit, joint
+    from dpsql.sql.vectors import has_values
 
     policy, queries, workload = implicit.compile_for(ask, public)
+    if ask.objective is not None and policy.privacy_unit is not None:
+        raise StrategyError(f"accuracy targets are not served on table {policy.table!r}, which "
+                         f"declares privacy unit {policy.privacy_unit!r}; ask by epsilon")
+    if has_values(queries):                   # SUM / AVG: one release of several blocks
+        return joint.plan(ask, public, policy, queries, workload)
     if getattr(workload, "implicit", False):
         structured = implicit.ImplicitPlan.of(ask, public, policy, queries, workload)
         dense = implicit.dense_alternative(ask, public, policy, queries, workload)
@@ -77,12 +85,15 @@ class MatrixPlan(Plan):
                     and c.mechanism == new.mechanism)
         gaussian = new.mechanism == "gaussian"
         cost = PrivacyCost(eps, ask.delta if gaussian else 0)
+        rho = _rho(new, eps, best.plan, policy.contribution)
+        if gaussian and policy.contribution != 1:    # a script's pre-check reads it (x k)
+            expl = replace(expl, planned_rho=rho)
         plan = cls(
             policy, queries, expl,
             Cost(cost=cost, mechanism=new.mechanism, strategy=new.strategy,
                  n_queries=workload.n_queries, n_cells=workload.n_cells, params=params,
                  calibration=ask.calibration if gaussian else None, sigma=new.sigma,
-                 sensitivity=best.sensitivity, rho=_rho(new, eps, best.plan),
+                 sensitivity=best.sensitivity, rho=rho,
                  expected_rmse=expl.rmse, bound_ratio=new.bound_ratio,
                  reused_from=_sources(d)),
             Shown(float(eps), float(cost.delta), expl.strategy, new.sigma, expl.rmse),
@@ -182,10 +193,11 @@ class _Stacked:
         self.A = A
 
 
-def _rho(expl, eps, plan) -> float:
+def _rho(expl, eps, plan, contribution: int = 1) -> float:
     """zCDP cost recorded with the charge: Δ²/2σ² (Gaussian, Bun & Steinke 2016 Prop. 1.6,
-    grid slack included) or ε²/2 (pure ε-DP implies ε²/2-zCDP, ibid. Prop. 1.4)."""
+    grid slack included; Δ times the rows per unit of privacy) or ε²/2 (pure ε-DP implies
+    ε²/2-zCDP, ibid. Prop. 1.4)."""
     if expl.mechanism == "laplace":
         return float(eps) ** 2 / 2.0
-    return zcdp_rho(expl.sigma, plan.sensitivity + rounding_slack(expl.sigma,
-                                                                  plan.n_measurements))
+    return zcdp_rho(expl.sigma, times_contribution(contribution, plan.sensitivity)
+                    + rounding_slack(expl.sigma, plan.n_measurements))

@@ -142,6 +142,9 @@ def parse_request(sql, policies) -> tuple[TablePolicy, list]:
 
     queries = memo.parsed(memo.batch_key(sql, policies), lambda: parse_batch(sql, resolve))
     check_result_names(queries, policies)
+    from dpsql.sql import bigquery      # privacy_unit_column must be the declared unit
+
+    bigquery.check_unit(sql, policies[queries[0].table])
     return policies[queries[0].table], queries
 
 

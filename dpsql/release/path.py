@@ -244,17 +244,21 @@ def result_names(con, queries, names_given):
 # ---------------------------------------------------------------------- write
 
 def write_results(con, receipt: Receipt, policy, answers: Answers, replace: bool) -> list:
-    """Write each statement's result table, mark the release done and keep its
-    measurements for reuse, in one transaction (rolled back if any of it fails)."""
+    """Write every statement's result table (one bulk write: :func:`dpsql.store.database.
+    write_tables`), mark the release done and keep its measurements for reuse, in one
+    transaction (rolled back if any of it fails)."""
     results = []
     with engine.engine_errors("writing results"):
         con.execute("BEGIN TRANSACTION")
     try:
-        recorded = []
-        for name, (out, values, stderr, halfwidth) in zip(receipt.tables, answers.parts):
-            cols = build_columns(out, policy, values, stderr, halfwidth)
-            engine.write_table(con, name, cols, replace=replace or out.query.replace
-                               or out.query.target is None, comment=answers.comment)
+        recorded, tables = [], []
+        for name, (out, values, stderr, halfwidth, *interval) in zip(receipt.tables,
+                                                                      answers.parts):
+            cols = build_columns(out, policy, values, stderr, halfwidth, *interval)
+            tables.append((name, cols, replace or out.query.replace
+                           or out.query.target is None))
+        engine.write_tables(con, tables, comment=answers.comment)
+        for (name, cols, _), (out, *_) in zip(tables, answers.parts):
             rows = list(zip(*[v for _, _, v in cols])) if cols else []
             results.append(ResultTable(name, tuple(c for c, _, _ in cols), rows))
             recorded.append((out.query.index, name, out.query.sql, len(rows)))

@@ -16,7 +16,19 @@ from fractions import Fraction
 from dpsql.errors import PrivacyParameterError, StrategyError
 from dpsql.request.declared import SETTINGS, TARGETS, check_asks
 
-__all__ = ["Request"]
+__all__ = ["Request", "yield_to_options"]
+
+
+def yield_to_options(settings: dict, sql) -> dict:
+    """An interface's own settings (a DB-API connection's, the shell's ``\\set``) are
+    defaults: the ones the SQL's ``WITH DIFFERENTIAL_PRIVACY OPTIONS`` give are dropped, so
+    the statement's take effect (a caller's explicit keywords and a script's ``SET`` are not
+    defaults: a different value there is refused by :class:`Request`)."""
+    from dpsql.sql import bigquery
+
+    given = {SETTINGS[name].keyword for _, name, *_ in bigquery.options(sql)
+             if name in SETTINGS}
+    return {k: v for k, v in settings.items() if k not in given}
 
 
 @dataclass(frozen=True)
@@ -45,10 +57,15 @@ class Request:
 
     def __post_init__(self) -> None:
         by_field = {s.keyword: s for s in SETTINGS.values() if s.request}
+        given = self._options()
         for f in fields(self):
             setting = by_field.get(f.name)
             if setting is not None:
-                object.__setattr__(self, f.name, setting.parse(getattr(self, f.name)))
+                value = getattr(self, f.name)
+                if value is None and f.name in given:      # from the SQL's OPTIONS
+                    value = given[f.name][0]
+                object.__setattr__(self, f.name, setting.parse(value))
+        self._check_options(given)
         if not isinstance(self.replace, bool):
             raise PrivacyParameterError(f"replace must be true or false, got {self.replace!r}")
         if isinstance(self.sql, list):
@@ -56,6 +73,54 @@ class Request:
         self._check_asks()
         self._check_calibration()
         self._check_model()
+
+    def _options(self) -> dict:
+        """Settings given in the SQL by BigQuery's ``SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS
+        (epsilon = 1, delta = 1e-6, …)``: field -> (value, statement, text), each parsed by
+        its declared setting as a script's ``SET dpsql.<name>`` is (:mod:`dpsql.sql.bigquery`).
+        Two statements of the batch giving one setting different values are refused: a batch
+        is one release with one value of each setting."""
+        from dpsql.sql import bigquery
+
+        if self.sql is None:
+            return {}
+        by_name = {s.name: s for s in SETTINGS.values() if s.request and "script" in
+                   s.interfaces}
+        given: dict = {}
+        for statement, name, raw, line, col in bigquery.options(self.sql):
+            if name in bigquery.POLICY_OPTIONS:
+                continue                  # checked against the policy while planning
+            setting = by_name.get(name)
+            if setting is None:
+                known = ", ".join([*by_name, *bigquery.POLICY_OPTIONS])
+                raise PrivacyParameterError(
+                    f"WITH DIFFERENTIAL_PRIVACY: unknown option {name!r} (line {line}, column "
+                    f"{col}); the options are {known}")
+            value = setting.parse(raw, "shell")      # as typed; spelled by its plain name
+            key = setting.keyword
+            if key in given and given[key][0] != value:
+                raise PrivacyParameterError(
+                    f"conflicting settings in one batch: statement {given[key][1] + 1} gives "
+                    f"{name} = {given[key][2]}, statement {statement + 1} {name} = {raw}; a "
+                    "batch is one release with one value of each setting: give it once")
+            given.setdefault(key, (value, statement, raw))
+        return given
+
+    def _check_options(self, given: dict) -> None:
+        """A setting the SQL's OPTIONS give must agree with the one the caller set (a
+        connection's, the command line's, a script's SET); an unset one takes the
+        option's value."""
+        by_field = {s.keyword: s for s in SETTINGS.values() if s.request}
+        for key, (value, statement, raw) in given.items():
+            current = getattr(self, key)
+            if current == value:
+                continue
+            if current != by_field[key].default:
+                raise PrivacyParameterError(
+                    f"conflicting settings: statement {statement + 1} gives {by_field[key].name} "
+                    f"= {raw} in WITH DIFFERENTIAL_PRIVACY, but the request already sets it to "
+                    f"{current}; give it in one place")
+            object.__setattr__(self, key, value)
 
     def _check_asks(self) -> None:
         check_asks(self.epsilon, self.target_rmse, self.max_stderr)

@@ -34,6 +34,7 @@ from dpsql.errors import UnsupportedQueryError
 from dpsql.workload import limits as planning
 from dpsql.sql.conditions import (_atom_truth, _atoms, _columns, _combine, _key, _kleene,
                                   _single_column_parts)
+from dpsql.sql.expand import assemble, expand
 from dpsql.sql.ir import Const, Predicate, Query
 
 #: the largest number of cells one batch may use (the product of the parts)
@@ -291,9 +292,11 @@ def _query_rows(q: Query, policy, cells: _Cells, m: int):
 @planning.refuse_out_of_memory
 def compile_workload(queries: list[Query], policy) -> Workload:
     """Build cells and ``W`` for a batch (all statements on ``policy``'s table): the dense
-    form, on the full product of the used columns' parts."""
-    parts = compile_parts(queries, policy)
-    return dense_workload(queries, policy, parts)
+    form, on the full product of the used columns' parts. Quantiles and GROUP BY on public
+    columns are counts of the same batch (:mod:`dpsql.sql.expand`)."""
+    batch = expand(queries, policy)
+    parts = compile_parts(batch.plain, policy)
+    return assemble(dense_workload(batch.plain, policy, parts), batch, policy)
 
 
 def dense_workload(queries: list[Query], policy, parts: Parts) -> Workload:

@@ -79,6 +79,8 @@ def _atom_truth(atom: Atom, domain) -> np.ndarray:
     try:
         if atom.op == "isnull":
             return domain.is_null()
+        if atom.op == "units":             # a condition on a public table's column (a join)
+            return np.asarray(atom.value, dtype=np.int8)
         return domain.compare(atom.op, atom.value)
     except NotExpressible as exc:
         raise UnsupportedQueryError(

@@ -16,14 +16,25 @@ DOC = "docs/sql.md"
 #: kind -> (what to write instead, section of docs/sql.md)
 HINTS: dict[str, tuple[str, str]] = {
     "aggregate": (
-        "SUM, AVG, MIN, MAX and quantiles are coming in the SQL-surface work; until then "
-        "the only aggregate is COUNT(*) or COUNT(column): count per declared bin (GROUP BY "
-        "the column, or WHERE ranges on its declared edges) for a histogram", "aggregates"),
+        "the aggregates are COUNT(*), COUNT(column), SUM(column) or AVG(column) over a "
+        "bounded column (SUM(CLAMP(column, lo, hi)) for tighter bounds), and MEDIAN(column) "
+        "or QUANTILE_CONT(column, q) over an integer or numeric column; MIN and MAX are not "
+        "answered (a high or low quantile, say QUANTILE_CONT(column, 0.99), is their private "
+        "counterpart)", "aggregates"),
+    "bounds": (
+        "SUM and AVG clamp each row's value to bounds: declare the column integer or numeric "
+        "with min and max, or write SUM(CLAMP(column, lo, hi)) with constant bounds",
+        "sums-and-averages"),
     "count_form": (
         "count rows with COUNT(*) or COUNT(column)", "aggregates"),
     "one_table": (
-        "queries read one protected table by name; join or combine the result tables "
-        "afterwards in DuckDB (they are plain tables)", "one-table-per-query"),
+        "queries read one protected table by name (and public tables joined on their key); "
+        "join or combine the result tables afterwards in DuckDB (they are plain tables)",
+        "one-table-per-query"),
+    "join": (
+        "join a public table declared in the policy on its key, JOIN name USING (key) or "
+        "ON table.key = name.key; join or combine result tables afterwards in DuckDB",
+        "joins-to-public-tables"),
     "union": (
         "write each SELECT as its own statement, separated by `;`: a batch is answered "
         "as one workload", "one-table-per-query"),
@@ -48,7 +59,7 @@ HINTS: dict[str, tuple[str, str]] = {
 
 #: clause keys of a sqlglot SELECT -> hint kind
 CLAUSE_KINDS = {
-    "joins": "one_table", "laterals": "one_table", "with_": "one_table", "with": "one_table",
+    "joins": "join", "laterals": "one_table", "with_": "one_table", "with": "one_table",
     "having": "filter_groups", "qualify": "filter_groups", "windows": "window",
     "order": "order", "limit": "order", "offset": "order", "distinct": "distinct",
 }

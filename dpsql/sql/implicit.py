@@ -35,6 +35,7 @@ from dpsql.errors import UnsupportedQueryError
 from dpsql.sql.compile import (MAX_CELLS, Parts, compile_parts, dense_workload, group_rows,
                                make_output, output_keys)
 from dpsql.sql.conditions import _columns
+from dpsql.sql.expand import assemble, expand
 from dpsql.sql.ir import Const, Predicate, Query
 from dpsql.workload import limits as planning
 from dpsql.workload.blocks import KronBlock, UnionWorkload
@@ -57,12 +58,12 @@ class NotFactorable(Exception):
 
 @dataclass(frozen=True)
 class BlockRows:
-    """Where a block's answers go: rows ``start..start+len(order)`` of the batch, row
-    ``start + k`` being the block's answer ``order[k]``."""
+    """Where a block's answers go: row ``target[k]`` of the batch is the block's answer
+    ``source[k]`` (statements merged into one block, or repeated, share its answers)."""
 
     block: int
-    start: int
-    order: np.ndarray
+    target: np.ndarray
+    source: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ class ImplicitWorkload:
     table: str
     partitions: tuple          # ColumnPartition per used column (policy order)
     union: UnionWorkload
-    rows: tuple                # BlockRows per block, in row order
+    rows: tuple                # BlockRows per block
     outputs: tuple             # Output per statement (start/stop index the answers)
     n_queries: int
 
@@ -90,7 +91,7 @@ class ImplicitWorkload:
         """The batch's answers (row order) from each block's answers (block order)."""
         out = np.empty(self.n_queries)
         for r in self.rows:
-            out[r.start:r.start + r.order.size] = np.asarray(per_block[r.block])[r.order]
+            out[r.target] = np.asarray(per_block[r.block])[r.source]
         return out
 
 
@@ -131,42 +132,94 @@ def _filters(q: Query, policy, parts: Parts) -> dict | None:
     return masks
 
 
-def _block(q: Query, gs: tuple, masks: dict | None, policy, parts: Parts):
-    """(KronBlock, group keys in ``gs`` order, C-order permutation into ``gs`` order)."""
-    positions, per_col_keys = group_rows(policy, parts, gs)
-    where = dict(zip(gs, positions))
+@dataclass
+class _Member:
+    """One grouping set of one statement: rows ``start..start+count`` of the batch."""
+
+    query: Query
+    gs: tuple
+    masks: dict | None         # per filtered column, its truth per part (None: WHERE FALSE)
+    start: int
+    count: int
+
+
+def _merged(members: list) -> list:
+    """Members that share one block: same grouping set and filtered columns, and the same
+    conditions on every column but at most one (the *varying* column, whose condition rows
+    are stacked into one factor), or WHERE FALSE. ``[(members, varying column or None)]``,
+    blocks in order of their first statement; the varying column is the one giving the
+    fewest blocks."""
+    groups: dict = {}
+    for mem in members:
+        key = ("false", mem.gs) if mem.masks is None else (mem.gs, frozenset(mem.masks))
+        groups.setdefault(key, []).append(mem)
+    out = []
+    for (gs, cols), group in groups.items():
+        if gs == "false":
+            out.append((group, None))
+            continue
+        best = None
+        for v in [None] + sorted(c for c in cols if c not in gs):
+            split: dict = {}
+            for mem in group:
+                sig = tuple((c, mem.masks[c].tobytes()) for c in sorted(cols) if c != v)
+                split.setdefault(sig, []).append(mem)
+            if best is None or len(split) < len(best[0]):
+                best = (split, v)
+        out += [(sub, best[1]) for sub in best[0].values()]
+    return sorted(out, key=lambda g: g[0][0].start)
+
+
+def _factor(p, mask: np.ndarray, where: dict, keys: dict) -> np.ndarray:
+    """One column's factor: grouped rows times the condition, or the condition's rows."""
+    if p.column not in where:
+        return np.atleast_2d(mask).astype(float)
+    pos = where[p.column]
+    F = np.zeros((len(keys[p.column]), p.n_parts))
+    parts_in = np.flatnonzero(pos >= 0)
+    F[pos[parts_in], parts_in] = mask[parts_in]
+    return F
+
+
+def _block(group: list, v: str | None, groups: tuple, parts: Parts):
+    """(KronBlock, batch rows, the block's answer per row) of merged members."""
+    first = group[0]
+    masks, gs = first.masks, first.gs
+    positions, per_col_keys = groups
+    where, keys = dict(zip(gs, positions)), dict(zip(gs, per_col_keys))
+    if v is not None:
+        stacked, which = np.unique(np.stack([m.masks[v] for m in group]), axis=0,
+                                   return_inverse=True)
     factors = []
     for k, p in enumerate(parts.partitions):
-        mask = np.ones(p.n_parts) if masks is None or p.column not in masks \
-            else masks[p.column].astype(float)
-        if masks is None and k == 0:
-            mask = np.zeros(p.n_parts)           # WHERE FALSE: every count is 0
-        if p.column in where:
-            pos = where[p.column]
-            F = np.zeros((len(per_col_keys[gs.index(p.column)]), p.n_parts))
-            parts_in = np.flatnonzero(pos >= 0)
-            F[pos[parts_in], parts_in] = mask[parts_in]
+        if masks is None:                          # WHERE FALSE: every count is 0
+            mask = np.zeros(p.n_parts) if k == 0 else np.ones(p.n_parts)
+        elif p.column == v:
+            factors.append(stacked.astype(float))
+            continue
         else:
-            F = mask.reshape(1, -1)
-        factors.append(F)
+            mask = masks[p.column] if p.column in masks else np.ones(p.n_parts, dtype=bool)
+        factors.append(_factor(p, mask, where, keys))
     block = KronBlock(tuple(factors))
-    _check_clique(q, block, parts)
-    # rows of the block: C order over gs's columns in policy order; the statement's: gs order
-    by_policy = sorted(range(len(gs)), key=lambda k: parts.index[gs[k]])
-    counts = [len(per_col_keys[k]) for k in by_policy]
-    if math.prod(counts) > MAX_ANSWERS:
-        raise UnsupportedQueryError(
-            f"statement {q.index + 1} groups by {', '.join(gs)}: {math.prod(counts):,} "
-            f"groups, more than the limit of {MAX_ANSWERS:,} answers; split it")
-    grid = np.arange(math.prod(counts), dtype=np.int64).reshape(counts)
-    order = grid.transpose(np.argsort(by_policy)).reshape(-1)
-    return block, per_col_keys, order
+    shape = tuple(F.shape[0] for F in factors)
+    grid = np.indices([len(c) for c in per_col_keys]).reshape(len(gs), -1) if gs else None
+    index = [grid[gs.index(p.column)] if p.column in where else np.zeros(1, dtype=np.int64)
+             for p in parts.partitions]
+    base = np.ravel_multi_index(index, shape)       # C order over gs as written
+    rows = np.array([m.start for m in group])
+    target = (rows[:, None] + np.arange(first.count)).reshape(-1)
+    if v is None:
+        return block, target, np.tile(base, len(group))
+    stride = math.prod(shape[parts.index[v] + 1:])
+    return block, target, (base[None, :] + np.asarray(which).reshape(-1, 1) * stride).reshape(-1)
 
 
-def _check_clique(q: Query, block: KronBlock, parts: Parts) -> None:
-    cells = math.prod(block.sizes[i] for i in block.used)
+def _check_clique(q: Query, gs: tuple, masks: dict | None, parts: Parts) -> None:
+    """Refuse a statement whose block would read too large a marginal (before building)."""
+    used = set(gs) | {c for c, t in (masks or {}).items() if not t.all()}
+    cols = [p for p in parts.partitions if p.column in used]
+    cells = math.prod(p.n_parts for p in cols)
     if cells > MAX_CLIQUE_CELLS:
-        cols = [parts.partitions[i] for i in block.used]
         raise UnsupportedQueryError(
             f"statement {q.index + 1} reads {len(cols)} columns together ("
             + ", ".join(f"{p.column}={p.n_parts} parts" for p in cols)
@@ -175,9 +228,9 @@ def _check_clique(q: Query, block: KronBlock, parts: Parts) -> None:
             "or coarsen a column's groups")
 
 
-def implicit_workload(queries: list[Query], policy, parts: Parts) -> ImplicitWorkload:
-    """Step 3 in blocks (raises :class:`NotFactorable` for a statement that is not)."""
-    blocks, rows, outputs, m = [], [], [], 0
+def _members(queries: list[Query], policy, parts: Parts, groups: dict):
+    """Every statement's grouping sets as members (rows), and each statement's Output."""
+    members, outputs, m = [], [], 0
     for q in queries:
         try:
             masks = _filters(q, policy, parts)
@@ -185,9 +238,16 @@ def implicit_workload(queries: list[Query], policy, parts: Parts) -> ImplicitWor
             raise NotFactorable(q) from None
         keys, gids, start = [], [], m
         for gs in q.grouping_sets:
-            block, per_col_keys, order = _block(q, gs, masks, policy, parts)
-            rows.append(BlockRows(len(blocks), m, order))
-            blocks.append(block)
+            if gs not in groups:
+                groups[gs] = group_rows(policy, parts, gs)
+            per_col_keys = groups[gs][1]
+            _check_clique(q, gs, masks, parts)
+            count = math.prod(len(k) for k in per_col_keys)
+            if count > MAX_ANSWERS:
+                raise UnsupportedQueryError(
+                    f"statement {q.index + 1} groups by {', '.join(gs)}: {count:,} groups, "
+                    f"more than the limit of {MAX_ANSWERS:,} answers; split it")
+            members.append(_Member(q, gs, masks, m, count))
             set_keys, gid = output_keys(q, gs, per_col_keys)
             keys += set_keys
             gids += [gid] * len(set_keys)
@@ -197,6 +257,21 @@ def implicit_workload(queries: list[Query], policy, parts: Parts) -> ImplicitWor
                     f"this batch has more than {MAX_ANSWERS:,} answers (statement "
                     f"{q.index + 1} groups by {', '.join(gs)}); split it into smaller batches")
         outputs.append(make_output(q, start, m, keys, gids))
+    return members, outputs, m
+
+
+def implicit_workload(queries: list[Query], policy, parts: Parts) -> ImplicitWorkload:
+    """Step 3 in blocks (raises :class:`NotFactorable` for a statement that is not).
+    Statements of the same shape (same grouping set, conditions differing on one column
+    only, such as one range each) share one block whose factor on that column stacks their
+    conditions: a batch of 24,975 statements over nine GROUP BY columns is nine blocks."""
+    groups: dict = {}
+    members, outputs, m = _members(queries, policy, parts, groups)
+    blocks, rows = [], []
+    for group, v in _merged(members):
+        block, target, source = _block(group, v, groups[group[0].gs], parts)
+        rows.append(BlockRows(len(blocks), target, source))
+        blocks.append(block)
     union = UnionWorkload(tuple(p.column for p in parts.partitions), parts.shape, tuple(blocks))
     return ImplicitWorkload(policy.table, parts.partitions, union, tuple(rows),
                             tuple(outputs), m)
@@ -206,7 +281,14 @@ def implicit_workload(queries: list[Query], policy, parts: Parts) -> ImplicitWor
 def compile_batch(queries: list[Query], policy):
     """The batch as a dense :class:`~dpsql.sql.compile.Workload` (small products, one
     column, or statements that are not Kronecker products) or an :class:`ImplicitWorkload`
-    (products over two or more columns above :data:`DENSE_MAX_CELLS` cells)."""
+    (products over two or more columns above :data:`DENSE_MAX_CELLS` cells). Quantiles and
+    GROUP BY on public columns are counts of the same batch (:mod:`dpsql.sql.expand`)."""
+    batch = expand(queries, policy)
+    return assemble(_compile_plain(batch.plain, policy), batch, policy)
+
+
+def _compile_plain(queries: list[Query], policy):
+    """:func:`compile_batch` for COUNT statements over the protected table's columns."""
     parts = compile_parts(queries, policy)
     if parts.n_cells <= DENSE_MAX_CELLS or len(parts.partitions) < 2:
         return dense_workload(queries, policy, parts)

@@ -4,7 +4,10 @@ The allow-list (issue 2, item 3): one or more ``SELECT`` statements over one pro
 whose only aggregate is ``COUNT(*)`` or ``COUNT(col)``, an optional ``WHERE`` built from
 ``=, <>, <, <=, >, >=, BETWEEN, IN, NOT IN, IS [NOT] NULL, AND, OR, NOT``, parentheses and
 literal constants, and an optional ``GROUP BY`` on declared columns, including ``CUBE``,
-``ROLLUP``, ``GROUPING SETS`` and ``ALL``. A statement may be wrapped in
+``ROLLUP``, ``GROUPING SETS`` and ``ALL``. Since issue 20 the aggregate may also be a SUM or
+AVG over a bounded column (:mod:`dpsql.sql.aggregates`), and BigQuery's
+``SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS (...)`` and ``ANON_*`` spellings are read
+(:mod:`dpsql.sql.bigquery`). A statement may be wrapped in
 ``CREATE [OR REPLACE] TABLE name AS ...`` to name its result table.
 
 Everything else is rejected here, before any data is read, with an error naming the
@@ -20,6 +23,7 @@ allow-list live beside it: :mod:`dpsql.sql.select` (a SELECT, pass by pass),
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import replace as _with
 from typing import Any, Callable, Sequence
@@ -28,13 +32,18 @@ import sqlglot
 from sqlglot import exp
 
 from dpsql.errors import ParseError
-from dpsql.sql import hints
+from dpsql.sql import bigquery, bulk, hints
 from dpsql.sql.ir import Query
 from dpsql.sql.refusals import ALLOWED_SUMMARY, _construct_name, _reject
 from dpsql.sql.select import _create_target, _select
 
-#: limits that keep parsing and compiling cheap (explain is free, so it must stay fast)
-MAX_SQL_CHARS = 1_000_000
+#: limits that keep parsing and compiling bounded (explain is free, so it must stay fast).
+#: A batch of repeated statement shapes parses at about 0.3 ms per statement
+#: (:mod:`dpsql.sql.bulk`), so the largest batch parses in about 15 s; each statement also
+#: becomes a result table (about 1 ms to write and one 256 KB DuckDB block on disk). Larger
+#: input is refused before it is parsed, naming the limit.
+MAX_SQL_CHARS = 8_000_000
+MAX_STATEMENTS = 50_000
 
 #: sqlglot logs warnings (unsupported constructs such as E'...' byte strings, fallbacks to
 #: Command parsing) to stderr; dpsql reports its own error instead, so its logger is quiet
@@ -44,31 +53,69 @@ logging.getLogger("sqlglot").setLevel(logging.CRITICAL)
 
 def split_statements(sql: str | Sequence[str]) -> list[exp.Expression]:
     """Parse the text(s) with sqlglot's DuckDB dialect; errors point at line and column."""
-    texts = [sql] if isinstance(sql, str) else list(sql)
-    if not texts or any(not isinstance(t, str) for t in texts):
-        raise ParseError("expected SQL text (a string, or a list of strings)")
-    if sum(len(t) for t in texts) > MAX_SQL_CHARS:
-        raise ParseError(f"the batch is longer than {MAX_SQL_CHARS:,} characters; split it")
-    out: list[exp.Expression] = []
-    for text in texts:
-        try:
-            parsed = sqlglot.parse(text, dialect="duckdb")
-        except sqlglot.errors.ParseError as exc:
-            first = exc.errors[0] if exc.errors else {}
-            desc = str(first.get("description", "syntax error")).split(". Line")[0]
-            raise ParseError(
-                f"could not parse SQL: {desc}", first.get("line"), first.get("col"),
-                first.get("highlight"),
-            ) from None
-        except sqlglot.errors.TokenError as exc:
-            raise ParseError(f"could not read SQL: {exc}") from None
-        except RecursionError:
-            raise ParseError("the SQL is nested too deeply to parse") from None
-        out.extend(e for e in parsed
-                   if e is not None and not isinstance(e, exp.Semicolon))
+    out = [tree for tree, _ in _trees(sql, copy=True)]
     if not out:
         raise ParseError("no SQL statement given")
     return out
+
+
+def _trees(sql: str | Sequence[str], copy: bool):
+    """Yield each statement's ``(tree, DuckDB text or None)`` (:mod:`dpsql.sql.bulk`: each
+    shape parsed once; ``copy`` False: a yielded tree is valid until the next one is asked
+    for, and its text, when given, is the tree's generated text)."""
+    texts = [sql] if isinstance(sql, str) else list(sql)
+    if not texts or any(not isinstance(t, str) for t in texts):
+        raise ParseError("expected SQL text (a string, or a list of strings)")
+    total = sum(len(t) for t in texts)
+    if total > MAX_SQL_CHARS:
+        raise ParseError(f"the batch has {total:,} characters, more than the limit of "
+                         f"{MAX_SQL_CHARS:,}; split it into several requests")
+    shapes: dict = {}
+    count = 0
+    for text in texts:
+        with _sqlglot_errors():
+            text = bigquery.rewrite(text)    # BigQuery's DP clause, CLAMPED BETWEEN: in place
+            parts = bulk.statement_tokens(text, MAX_STATEMENTS - count)
+            trees = ((t, None) for t in sqlglot.parse(text, dialect="duckdb")) \
+                if parts is None else bulk.statements(text, parts, _parse_chunk, shapes, copy)
+            for tree, generated in trees:
+                if tree is None or isinstance(tree, exp.Semicolon):
+                    continue
+                count += 1
+                if count > MAX_STATEMENTS:
+                    raise _too_many()
+                yield tree, generated
+
+
+@contextlib.contextmanager
+def _sqlglot_errors():
+    """sqlglot's errors as dpsql's ParseError (line, column, highlight)."""
+    try:
+        yield
+    except sqlglot.errors.ParseError as exc:
+        first = exc.errors[0] if exc.errors else {}
+        desc = str(first.get("description", "syntax error")).split(". Line")[0]
+        raise ParseError(
+            f"could not parse SQL: {desc}", first.get("line"), first.get("col"),
+            first.get("highlight"),
+        ) from None
+    except sqlglot.errors.TokenError as exc:
+        raise ParseError(f"could not read SQL: {exc}") from None
+    except RecursionError:
+        raise ParseError("the SQL is nested too deeply to parse") from None
+    except bulk.TooManyStatements:
+        raise _too_many() from None
+
+
+def _too_many() -> ParseError:
+    return ParseError(f"the batch has more than {MAX_STATEMENTS:,} statements, the limit "
+                      "for one request; split it into several requests")
+
+
+def _parse_chunk(tokens: list, text: str):
+    """One statement's tokens parsed by sqlglot (the text for its error messages)."""
+    trees = bulk.dialect().parser().parse(tokens, text)
+    return trees[0] if trees else None
 
 
 def parse_batch(sql: str | Sequence[str],
@@ -78,14 +125,17 @@ def parse_batch(sql: str | Sequence[str],
     ``resolve_table(name, node)`` returns the protected table's policy or raises (so this
     module stays independent of how policies are stored).
     """
-    statements = split_statements(sql)
     try:
-        return [_statement(i, stmt, resolve_table) for i, stmt in enumerate(statements)]
+        out = [_statement(i, stmt, resolve_table, text)
+               for i, (stmt, text) in enumerate(_trees(sql, copy=False))]
     except RecursionError:
         raise ParseError("a condition is nested too deeply; simplify it") from None
+    if not out:
+        raise ParseError("no SQL statement given")
+    return out
 
 
-def _statement(index: int, stmt: exp.Expression, resolve_table) -> Query:
+def _statement(index: int, stmt: exp.Expression, resolve_table, text: str | None) -> Query:
     target, replace, select = _create_target(stmt)
     if not isinstance(select, exp.Select):
         kind = hints.statement_kind(select)
@@ -94,4 +144,6 @@ def _statement(index: int, stmt: exp.Expression, resolve_table) -> Query:
     query = _select(index, select, target, replace, "", resolve_table)
     # the IR holds no syntax node and the tree is not read again, so the normalised text is
     # printed without the defensive deep copy (a third of parsing's cost on large batches)
-    return _with(query, sql=stmt.sql(dialect="duckdb", copy=False))
+    # (a templated statement's text is spliced from its shape's: :func:`bulk.text`)
+    return _with(query, sql=text if text is not None else stmt.sql(dialect="duckdb",
+                                                                    copy=False))

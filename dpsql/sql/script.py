@@ -18,6 +18,7 @@ from sqlglot.tokens import TokenType
 from dpsql.errors import (DpsqlError, ParseError, PrivacyParameterError, ScriptError,
                           UnsupportedQueryError, WorkloadBlockError)
 from dpsql.sql import marker as markers
+from dpsql.sql import bigquery
 from dpsql.sql.parse import split_statements
 from dpsql.sql.refusals import _position
 
@@ -132,56 +133,97 @@ def parse_script(text: str, *, declared: dict, defaults: dict | None = None,
     check_asks(*(defaults.get(k) for k in asks), " as defaults")
     split = _split(text)         # the digest counts the markers: they group the workloads
     digest = hashlib.sha256(";\n".join(s.normalized for s in split).encode()).hexdigest()
-    statements = _blocks(split)
-    current = {name: setting.default for name, setting in declared.items()} | defaults
-    groups: list[tuple[dict, list[Statement]]] = []
-    pending_set: Statement | None = None
-    asked: dict = {}             # epsilon / target set since the last query: (line, column)
-    new_group = False            # a workload block started or ended: so does the workload
-    for st in statements:
+    grouping = _Grouping(declared, defaults)
+    for st in _blocks(split):
+        grouping.add(st)
+    return Script(text, digest, tuple(
+        _workload(k, _with_options(settings, group, declared, was_set), group, asks, declared,
+                  release, digest)
+        for k, (settings, group, was_set) in enumerate(grouping.finish(), 1)))
+
+
+class _Grouping:
+    """The statements of a script grouped into workloads, one handler per statement kind.
+
+    Consecutive queries form one workload, with the settings in effect at its first query
+    (the declared defaults, then the caller's, then every ``SET`` before it); a ``SET``
+    after a query, and the start or end of a workload block, end the workload."""
+
+    def __init__(self, declared: dict, defaults: dict):
+        self.declared = declared
+        self.current = {name: setting.default for name, setting in declared.items()} | defaults
+        self.groups: list[tuple[dict, list[Statement], frozenset]] = []
+        self.pending_set: Statement | None = None
+        self.asked: dict = {}        # epsilon / target set since the last query: (line, column)
+        self.new_group = False       # a workload block started or ended: so does the workload
+        self.explicit: set = set()   # the settings a SET has given so far (OPTIONS yield to them)
+
+    def add(self, st) -> None:
+        """One statement of :func:`_blocks`' list, to the handler of its kind."""
         if st is _BREAK:
-            new_group = True
-            continue
-        if isinstance(st.expr, exp.Set):
-            _apply_set(st, current, declared, asked)
-            pending_set = st
+            self.marker()
+        elif isinstance(st.expr, exp.Set):
+            self.setting(st)
         elif isinstance(st.expr, exp.Command) and str(st.expr.this).upper() == "SET":
             raise UnsupportedQueryError(
                 f"this SET form is not supported; write SET dpsql.<name> = <value> "
-                f"({_allowed(declared)})", st.line, st.column)
+                f"({_allowed(self.declared)})", st.line, st.column)
         else:
-            if pending_set is not None or not groups or new_group:
-                groups.append((dict(current), []))
-            pending_set, new_group = None, False
-            asked = {}
-            groups[-1][1].append(st)
-    if pending_set is not None:
-        raise UnsupportedQueryError(
-            "this SET is followed by no query, so it would have no effect; settings apply to "
-            "the queries after them", pending_set.line, pending_set.column)
-    if not groups:
-        raise ParseError("the script has no query (only settings and comments)")
-    workloads = []
-    for k, (settings, group) in enumerate(groups, 1):
-        label = f"workload {k} ({_lines(group)})"
-        if all(settings[key] is None for key in asks):
-            raise ScriptError(
-                f"{label}: no epsilon given; put SET dpsql.epsilon = <value>; (or an "
-                "accuracy target, SET dpsql.target_rmse = <value>;) before its queries, or "
-                "give a default (--epsilon on the command line)", workload=k)
-        if settings["delta"] is None:
-            raise ScriptError(
-                f"{label}: no delta given; put SET dpsql.delta = <value>; before its "
-                "queries, or give a default (--delta on the command line)", workload=k)
-        base, by = ((release, "caller") if release is not None else
-                    (settings["release"], "script") if settings["release"] is not None else
-                    (f"script-{digest[:12]}", "digest"))
-        workloads.append(ScriptWorkload(
-            k, tuple(group), settings["epsilon"], settings["delta"], settings["strategy"],
-            settings["calibration"], f"{base}/{k}", by, settings["model"],
-            **{key: settings[key] for key, setting in declared.items()
-               if key in TARGETS or setting.kind == "flag"}))
-    return Script(text, digest, tuple(workloads))
+            self.query(st)
+
+    def marker(self) -> None:
+        """The workload marker: a block started or ended, and so does the workload."""
+        self.new_group = True
+
+    def setting(self, st: Statement) -> None:
+        """``SET dpsql.<name> = <value>``: the settings of the queries after it."""
+        self.explicit |= _apply_set(st, self.current, self.declared, self.asked)
+        self.pending_set = st
+
+    def query(self, st: Statement) -> None:
+        """A counting statement or a ``CREATE TABLE ... AS`` (alike here: the result table's
+        name is checked before spending, :mod:`dpsql.interfaces.scripts_check`): it joins
+        the current workload, or starts one after a ``SET`` or a block's start or end."""
+        if self.pending_set is not None or not self.groups or self.new_group:
+            self.groups.append((dict(self.current), [], frozenset(self.explicit)))
+        self.pending_set, self.new_group = None, False
+        self.asked = {}
+        self.groups[-1][1].append(st)
+
+    def finish(self) -> list[tuple[dict, list[Statement], frozenset]]:
+        """The groups (settings, queries, the names a SET gave); refuses a trailing SET and a script of no query."""
+        if self.pending_set is not None:
+            raise UnsupportedQueryError(
+                "this SET is followed by no query, so it would have no effect; settings apply "
+                "to the queries after them", self.pending_set.line, self.pending_set.column)
+        if not self.groups:
+            raise ParseError("the script has no query (only settings and comments)")
+        return self.groups
+
+
+def _workload(k: int, settings: dict, group: list[Statement], asks: tuple, declared: dict,
+              release: str | None, digest: str) -> ScriptWorkload:
+    """Workload ``k`` (from 1): its settings, which must ask by epsilon or an accuracy
+    target and give a delta, and its release name ``<release>/<k>`` (the caller's release,
+    else ``SET dpsql.release``, else ``script-`` and the script's digest)."""
+    label = f"workload {k} ({_lines(group)})"
+    if all(settings[key] is None for key in asks):
+        raise ScriptError(
+            f"{label}: no epsilon given; put SET dpsql.epsilon = <value>; (or an "
+            "accuracy target, SET dpsql.target_rmse = <value>;) before its queries, or "
+            "give a default (--epsilon on the command line)", workload=k)
+    if settings["delta"] is None:
+        raise ScriptError(
+            f"{label}: no delta given; put SET dpsql.delta = <value>; before its "
+            "queries, or give a default (--delta on the command line)", workload=k)
+    base, by = ((release, "caller") if release is not None else
+                (settings["release"], "script") if settings["release"] is not None else
+                (f"script-{digest[:12]}", "digest"))
+    return ScriptWorkload(
+        k, tuple(group), settings["epsilon"], settings["delta"], settings["strategy"],
+        settings["calibration"], f"{base}/{k}", by, settings["model"],
+        **{key: settings[key] for key, setting in declared.items()
+           if key in TARGETS or setting.kind == "flag"})
 
 
 def _split(text: str) -> list[Statement]:
@@ -216,9 +258,22 @@ def _split(text: str) -> list[Statement]:
         start, end = toks[0].start, toks[-1].end + 1
         line, col = where(start)
         out.append(Statement(expr, start, end, semicolon, line, col, where(end - 1)[0],
-                             expr.sql(dialect="duckdb", comments=False),
+                             bigquery.with_clause(expr.sql(dialect="duckdb", comments=False),
+                                                  text[start:end]),
                              markers.marker_of([t.text for t in toks]) if len(toks) <= 2
                              else None))
+    return out
+
+
+def _with_options(settings: dict, group: list, declared: dict, was_set) -> dict:
+    """A workload's settings with its statements' ``WITH DIFFERENTIAL_PRIVACY OPTIONS``
+    (:mod:`dpsql.sql.bigquery`), which override the caller's defaults like a SET; a setting
+    the script SET (``was_set``) is kept, and the request refuses an option that differs."""
+    out = dict(settings)
+    for st in group:
+        for _, name, raw, *_ in bigquery.options(st.normalized):
+            if name in declared and name not in was_set:
+                out[name] = declared[name].parse(raw, "script")
     return out
 
 
@@ -261,9 +316,11 @@ def _lines(group: list[Statement]) -> str:
     return f"line {a}" if a == b else f"lines {a}-{b}"
 
 
-def _apply_set(st: Statement, current: dict, declared: dict, asked: dict) -> None:
-    """Apply one SET. ``asked``: which of epsilon / the accuracy targets were set since the
-    last query (two different ones for the same queries are refused)."""
+def _apply_set(st: Statement, current: dict, declared: dict, asked: dict) -> set:
+    """Apply one SET; return the names it set. ``asked``: which of epsilon / the accuracy
+    targets were set since the last query (two different ones for the same queries are
+    refused)."""
+    names = set()
     node = st.expr
     if node.args.get("unset") or node.args.get("tag") or not node.expressions:
         raise UnsupportedQueryError(f"this SET form is not supported; {_allowed(declared)}",
@@ -306,6 +363,8 @@ def _apply_set(st: Statement, current: dict, declared: dict, asked: dict) -> Non
             raise ParseError(str(exc), *at) from None
         if setting.ask:   # the workload asks by this one from now on
             current.update({k: None for k, s in declared.items() if s.ask and k != name})
+        names.add(name)
+    return names
 
 
 def _value_text(node, setting, name: str) -> str:

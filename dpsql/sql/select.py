@@ -7,8 +7,8 @@ several problems always reports the same one):
 1. ``_refuse_clauses``: every clause outside the allow-list (JOIN, ORDER BY, HAVING, ...);
 2. ``_from_table``: exactly one protected table, optionally aliased; ``_column_resolver``
    then resolves the declared columns for the later passes;
-3. ``_output_columns``: the SELECT list, one aggregate (``_aggregate``: today COUNT(*) /
-   COUNT(col) only) plus group-by columns;
+3. ``_output_columns``: the SELECT list, one aggregate (COUNT, SUM or AVG over a bounded
+   column: :mod:`dpsql.sql.aggregates`) plus group-by columns;
 4. ``_where``: the condition (:mod:`dpsql.sql.predicates`);
 5. ``_grouping``: GROUP BY, CUBE, ROLLUP, GROUPING SETS and ALL to the grouping sets;
 6. ``_check_keys`` and ``_result_keys``: selected columns grouped once, the result table's
@@ -26,7 +26,8 @@ from typing import Any
 from sqlglot import exp
 
 from dpsql.errors import UnsupportedQueryError
-from dpsql.sql import hints
+from dpsql.sql import hints, joins
+from dpsql.sql.aggregates import Aggregate, is_aggregate, read_aggregate
 from dpsql.sql.ir import Predicate, Query
 from dpsql.sql.predicates import ColumnName, _predicate
 from dpsql.sql.refusals import ALLOWED_SUMMARY, _construct_name, _is_set, _position, _reject
@@ -50,15 +51,21 @@ def _select(index, select: exp.Select, target, replace, text, resolve_table) -> 
     _refuse_clauses(select)
     table, qualifiers = _from_table(select)
     table_name = table.name.lower()
-    column_name = _column_resolver(table_name, resolve_table(table_name, table), qualifiers)
-    (count_column, count_name), select_keys = _output_columns(select, column_name)
+    policy = resolve_table(table_name, table)
+    column_name = _column_resolver(table_name, policy, qualifiers)
+    join = joins.read(select, policy, qualifiers, column_name, resolve_table)
+    if join is not None:                     # public tables: their columns resolve too
+        column_name = join.column_name
+    agg, select_keys = _output_columns(select, column_name, policy)
     where = _where(select, column_name)
     grouping_sets = _grouping(select, select_keys, column_name)
     grouped = _grouped(grouping_sets)
     _check_keys(select, select_keys, grouped)
-    keys = _result_keys(select, count_name, select_keys, grouped, len(grouping_sets) > 1)
-    return Query(index, table_name, where, count_column, count_name, keys,
-                 grouping_sets, target, replace, text)
+    keys = _result_keys(select, agg.name, select_keys, grouped, len(grouping_sets) > 1)
+    query = Query(index, table_name, where, agg.count_column, agg.name, keys,
+                  grouping_sets, target, replace, text, quantile=agg.quantile,
+                  aggregate=agg.kind, value=agg.value)
+    return query if join is None else join.rewrite(query)
 
 
 # --------------------------------------------------------------------------- CREATE TABLE
@@ -96,8 +103,8 @@ def _create_target(stmt: exp.Expression) -> tuple[str | None, bool, exp.Expressi
 def _refuse_clauses(select: exp.Select) -> None:
     """Refuse the first clause outside SELECT list, FROM, WHERE and GROUP BY."""
     for key, value in select.args.items():
-        if key in ("expressions", "from_", "from", "where", "group"):
-            continue
+        if key in ("expressions", "from_", "from", "where", "group", "joins"):
+            continue                         # joins: dpsql.sql.joins reads them
         if _is_set(value):
             node = value if isinstance(value, exp.Expression) else select
             if isinstance(value, list) and value and isinstance(value[0], exp.Expression):
@@ -156,59 +163,34 @@ def _column_resolver(table_name: str, policy: Any, qualifiers: set[str]) -> Colu
 # --------------------------------------------------------------------------- SELECT list
 
 
-def _output_columns(select: exp.Select, column_name: ColumnName
-                    ) -> tuple[tuple[str | None, str], list[tuple[str, str]]]:
-    """The SELECT list: its one aggregate, and its group-by columns as (source, output name)."""
+def _output_columns(select: exp.Select, column_name: ColumnName, policy: Any
+                    ) -> tuple[Aggregate, list[tuple[str, str]]]:
+    """The SELECT list: its one aggregate (:mod:`dpsql.sql.aggregates`), and its group-by
+    columns as (source, output name)."""
     aggregates, select_keys = [], []
     for item in select.expressions:
         node, out_name = item, None
         if isinstance(item, exp.Alias):
             node, out_name = item.this, item.alias
-        if isinstance(node, exp.AggFunc):
-            aggregates.append(_aggregate(node, item, out_name, column_name))
+        if is_aggregate(node):
+            aggregates.append(read_aggregate(node, item, out_name, column_name, policy))
         elif isinstance(node, exp.Column):
             select_keys.append((column_name(node), (out_name or node.name).lower()))
         else:
             raise _refused_item(node, item)
     if len(aggregates) != 1:
-        raise _reject("a SELECT without exactly one COUNT" if not aggregates else
-                      "more than one COUNT in a SELECT", select,
-                      "write one COUNT(*) per statement (a batch may hold many statements)")
+        raise _reject("a SELECT without exactly one COUNT, SUM, AVG or quantile" if not aggregates else
+                      "more than one aggregate in a SELECT", select,
+                      "write one aggregate per statement (a batch may hold many statements, "
+                      "answered as one workload)")
     return aggregates[0], select_keys
-
-
-def _aggregate(node: exp.AggFunc, item: exp.Expression, out_name: str | None,
-               column_name: ColumnName) -> tuple[str | None, str]:
-    """An aggregate of the SELECT list: (counted column or None for rows, output name).
-
-    Today COUNT(*), COUNT(1) and COUNT(col) (rows where col IS NOT NULL) only.
-    """
-    if not isinstance(node, exp.Count):
-        fname = node.name if isinstance(node, exp.Anonymous) else node.sql_name()
-        raise _reject(f"function {fname}()", node, hints.hint("aggregate"), at=item)
-    arg = node.this
-    if isinstance(arg, exp.Star) or (isinstance(arg, exp.Literal) and not arg.is_string
-                                     and str(arg.this) == "1"):
-        count_column = None
-    elif isinstance(arg, exp.Column):
-        count_column = column_name(arg)
-    elif isinstance(arg, exp.Distinct):
-        raise _reject("COUNT(DISTINCT ...)", node,
-                      "distinct counts are not linear queries; use COUNT(*)")
-    else:
-        raise _reject(f"COUNT({arg.sql() if arg is not None else ''})", node,
-                      "count rows with COUNT(*) or COUNT(column)")
-    if any(_is_set(v) for k, v in node.args.items() if k not in ("this", "big_int")):
-        raise _reject("this COUNT form", node)
-    return count_column, out_name or "count"
 
 
 def _refused_item(node: exp.Expression, item: exp.Expression) -> UnsupportedQueryError:
     """The refusal of a SELECT item that is neither an aggregate nor a column."""
     if isinstance(node, exp.Func):
         fname = node.name if isinstance(node, exp.Anonymous) else node.sql_name()
-        return _reject(f"function {fname}()", node,
-                       "the only aggregate is COUNT(*) or COUNT(column)", at=item)
+        return _reject(f"function {fname}()", node, hints.hint("aggregate"), at=item)
     kind = hints.select_item_kind(node)
     what = {"window": "window function", "count_form": "COUNT(...) FILTER"}.get(
         kind, f"select item {node.sql()!r}")

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import secrets
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Sequence
@@ -80,11 +81,31 @@ def save_policy(con, policy: TablePolicy, *, replace: bool = False) -> None:
                 # on basic composition alone, never more budget under its past releases
                 policy = dataclasses.replace(policy, zcdp_delta=Fraction(0))
             con.execute("UPDATE dpsql.policies SET policy = ?, data_epoch = "
-                        "CAST(uuid() AS VARCHAR) WHERE table_name = ?",
-                        [policy.to_json(), policy.table])
+                        "CAST(uuid() AS VARCHAR), unit_key = ? WHERE table_name = ?",
+                        [policy.to_json(), _new_unit_key(policy), policy.table])
         else:
-            con.execute("INSERT INTO dpsql.policies (table_name, policy, data_epoch) "
-                        "VALUES (?, ?, CAST(uuid() AS VARCHAR))", [policy.table, policy.to_json()])
+            con.execute("INSERT INTO dpsql.policies (table_name, policy, data_epoch, unit_key) "
+                        "VALUES (?, ?, CAST(uuid() AS VARCHAR), ?)",
+                        [policy.table, policy.to_json(), _new_unit_key(policy)])
+
+
+def _new_unit_key(policy: TablePolicy) -> str | None:
+    """A fresh 256-bit key for the per-unit row selection of a user-level policy (drawn by
+    the operating system's secure generator at every protect), else None. It is stored
+    beside the policy, never in its JSON, and read only by the kernel (:func:`unit_key`)."""
+    return secrets.token_hex(32) if policy.privacy_unit is not None else None
+
+
+def unit_key(con, table: str) -> str:
+    """The secret key of ``table``'s per-unit row selection (the kernel's read, after the
+    charge; never shown in any output, ledger entry or error)."""
+    with engine_errors("reading the policy"):
+        row = con.execute("SELECT unit_key FROM dpsql.policies WHERE table_name = ?",
+                          [table.lower()]).fetchone()
+    if row is None or not isinstance(row[0], str) or len(row[0]) != 64:
+        raise PolicyError(f"table {table!r} declares a privacy unit but has no selection key; "
+                          "protect it again (dpsql protect --replace)")
+    return row[0]
 
 
 def load_policies(con) -> dict[str, TablePolicy]:

@@ -74,6 +74,10 @@ class Explanation:
     free: tuple = ()                 # rows of W answered from past releases at no cost
     reused_from: tuple = ()          # the release ids whose measurements are combined
     bound_note: str = ""             # why the bound was not computed (planning limits)
+    #: a batch mixing COUNT with SUM/AVG (issue 20): one line per data vector (its
+    #: aggregate, strategy, noise scale, share and expected RMSE in its own units)
+    parts: tuple = ()
+    planned_rho: float | None = None  # the zCDP ρ the charge will record, when known
 
     @property
     def bound_ratio(self) -> float:
@@ -89,11 +93,13 @@ class Explanation:
         bound = (f"; lower bound (svdb) RMSE {self.bound_rmse:.4g}"
                  if math.isfinite(self.bound_rmse) else
                  f"; {self.bound_note}" if self.bound_note else "")
+        how = ("one charge, a block per data vector (below)" if self.parts
+               else noise.get(self.mechanism, self.mechanism))
         lines = [
             f"table {self.table}: {self.n_queries} queries over {self.n_cells} cells; "
-            f"epsilon={self.epsilon:g}, delta={self.delta:g}; "
-            f"{noise.get(self.mechanism, self.mechanism)}{bound}",
+            f"epsilon={self.epsilon:g}, delta={self.delta:g}; {how}{bound}",
         ]
+        lines += list(self.parts)
         if self.candidates:
             lines.append(f"{'strategy':<12} {'noise':<8} {'scale':>10} {'sensitivity':>11} "
                          f"{'expected RMSE':>14} {'x bound':>8} {'seconds':>8}")
@@ -169,6 +175,7 @@ class Release:
 
     def __str__(self) -> str:
         rmse = (f"{self.expected_rmse:.4g}" if math.isfinite(self.expected_rmse)
+                else "per aggregate (see explain)" if self.strategy.startswith("joint(")
                 else "n/a (data-dependent)")
         eps = ("metric epsilon" if self.strategy == "dx_laplace" else "epsilon")
         head = (f"release {self.release_id} on {self.table}: {eps}={self.epsilon:g} "
@@ -229,8 +236,13 @@ def check_result_names(queries, protected) -> set:
 
 
 def build_columns(output, policy, answers: np.ndarray, stderr: np.ndarray,
-                  halfwidth: np.ndarray):
-    """(name, SQL type, values) for one statement's result table."""
+                  halfwidth: np.ndarray, interval: tuple | None = None):
+    """(name, SQL type, values) for one statement's result table. ``interval``: the 95%
+    interval's ends per row when they are not ``answer ± halfwidth`` (AVG, clipped to its
+    range); NaN answers (an AVG over a noisy count <= 0) are NULL."""
+    if getattr(output, "assembled", False):   # quantiles, public groups: dpsql.sql.assembled
+        return output.columns(answers, stderr, halfwidth,
+                              lambda source: key_sql_type(policy.column(source)))
     cols = []
     for i, (source, out) in enumerate(zip(output.key_sources, output.key_columns)):
         values = [k[i] for k in output.keys]
@@ -240,10 +252,12 @@ def build_columns(output, policy, answers: np.ndarray, stderr: np.ndarray,
     a = answers[output.start:output.stop]
     s = stderr[output.start:output.stop]
     h = halfwidth[output.start:output.stop]
-    cols.append((output.query.count_name, "DOUBLE", a.tolist()))
+    low, high = (a - h, a + h) if interval is None else (
+        interval[0][output.start:output.stop], interval[1][output.start:output.stop])
+    cols.append((output.query.count_name, "DOUBLE", _nulls(a)))
     cols.append(("stderr", "DOUBLE", _nulls(s)))         # NULL: no standard error (MWEM)
-    cols.append(("ci_low", "DOUBLE", _nulls(a - h)))
-    cols.append(("ci_high", "DOUBLE", _nulls(a + h)))
+    cols.append(("ci_low", "DOUBLE", _nulls(low)))
+    cols.append(("ci_high", "DOUBLE", _nulls(high)))
     return cols
 
 

@@ -163,6 +163,9 @@ _V1 = (
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "one versioned schema: every internal table and the columns that earlier "
                  "releases added one ALTER at a time (databases of 5a7e430 and before)", _V1),
+    Migration(2, "user-level privacy (issue 20): the secret key of a table's per-unit row "
+                 "selection, kept beside its policy and out of the policy's JSON (never shown)",
+              ("ALTER TABLE dpsql.policies ADD COLUMN IF NOT EXISTS unit_key VARCHAR",)),
 )
 
 #: the schema version this dpsql writes (and the newest it reads)

@@ -83,11 +83,19 @@ class KronStrategy:
 
 def factor_error(V: np.ndarray, A: np.ndarray) -> float:
     """``tr(V (AᵀA)⁺)``; infinite unless ``V``'s range lies in ``A``'s row space."""
+    return float(factor_errors([V], A)[0])
+
+
+def factor_errors(Vs: list, A: np.ndarray) -> np.ndarray:
+    """:func:`factor_error` for several Grams sharing one factor (one eigendecomposition)."""
     G = gram_pinv(A)
     P = G @ (A.T @ A)                       # projection on A's row space
-    if np.abs(V - P.T @ V @ P).max(initial=0.0) > 1e-8 * max(np.abs(V).max(initial=0.0), 1e-300):
-        return math.inf
-    return float(np.sum(V * G))
+    out = np.empty(len(Vs))
+    for k, V in enumerate(Vs):
+        top = max(np.abs(V).max(initial=0.0), 1e-300)
+        out[k] = math.inf if np.abs(V - P.T @ V @ P).max(initial=0.0) > 1e-8 * top \
+            else float(np.sum(V * G))
+    return out
 
 
 def _norm(A: np.ndarray, norm: str) -> float:
@@ -141,8 +149,9 @@ def opt_kron(block: KronBlock, norm: str = "l2") -> KronStrategy:
 
 
 def _errors(grams: list, factors: list) -> np.ndarray:
-    """``E[k, i] = tr(V_{k,i} (A_iᵀA_i)⁺)``."""
-    return np.array([[factor_error(V, A) for V, A in zip(Vs, factors)] for _, Vs in grams])
+    """``E[k, i] = tr(V_{k,i} (A_iᵀA_i)⁺)`` (one eigendecomposition per factor)."""
+    return np.stack([factor_errors([Vs[i] for _, Vs in grams], A)
+                     for i, A in enumerate(factors)], axis=1)
 
 
 def _total(weights: np.ndarray, E: np.ndarray) -> float:
@@ -166,7 +175,7 @@ def union_kron(union: UnionWorkload, max_rounds: int = 20, tol: float = TOL,
         for i in range(len(factors)):
             others = np.prod(np.delete(E, i, axis=1), axis=1) * weights
             candidate = one_dimensional(sum(c * Vs[i] for c, (_, Vs) in zip(others, grams)), norm)
-            column = np.array([factor_error(Vs[i], candidate) for _, Vs in grams])
+            column = factor_errors([Vs[i] for _, Vs in grams], candidate)
             new_total = float(others @ column)
             if new_total < total:
                 factors[i], E[:, i], total = candidate, column, new_total

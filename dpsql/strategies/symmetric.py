@@ -216,3 +216,68 @@ def restricted_optimum(union: UnionWorkload, tol: float = 1e-6,
             break
         v = v * np.maximum(x[sup], 1e-300)
     return DualBound(lower, upper, evaluations)
+
+
+# --- blocks with ranges inside: the bound when they share their range factors -------------
+#
+# A column some block reads through a predicate (a range, an IN list, one part) is not
+# permutation-invariant. When every block's factors on those columns have the same Grams up
+# to a scalar (each block's ranges on age the same list, say), V = G ⊗ M with G = ⊗ G_i on
+# those columns and M = Σ_k w_k c_k ⊗ (the other columns' Grams): the eigenvalues multiply,
+# so Σ √λ(V) = Π_i tr √G_i · Σ √λ(M), and M is a GROUP BY workload of the invariant kind.
+
+
+def predicate_columns(union: UnionWorkload) -> tuple:
+    """Columns some block reads through a factor that is not GROUP BY or unused."""
+    out = []
+    for i, n in enumerate(union.sizes):
+        try:
+            for b in union.blocks:
+                _kind(b.factors[i], n)
+        except StrategyError:
+            out.append(i)
+    return tuple(out)
+
+
+def split_for_bound(union: UnionWorkload):
+    """``(predicate columns, their Grams G_i, the other columns' union M or None, Σ w_k c_k)``
+    when V = (⊗ G_i) ⊗ M; StrategyError naming the problem otherwise."""
+    general = predicate_columns(union)
+    first = union.blocks[0]
+    base = [first.factors[i].T @ first.factors[i] for i in general]
+    scales = []
+    for b in union.blocks:
+        c = 1.0
+        for i, G0 in zip(general, base):
+            G = b.factors[i].T @ b.factors[i]
+            t = float(np.sum(G * G0) / np.sum(G0 * G0))
+            if not np.allclose(G, t * G0, rtol=1e-9, atol=1e-12 * float(np.abs(G0).max())):
+                raise StrategyError(
+                    f"no lower bound computed: the blocks read column {union.columns[i]!r} "
+                    "through different conditions (the bound needs the same ranges or "
+                    "values in every block that reads it)")
+            c *= t
+        scales.append(c * b.weight)
+    rest = [i for i in range(len(union.sizes)) if i not in general]
+    if not rest:
+        return general, base, None, float(sum(scales))
+    from dpsql.workload.blocks import KronBlock
+
+    blocks = tuple(KronBlock(tuple(b.factors[i] for i in rest), s)
+                   for b, s in zip(union.blocks, scales) if s > 0)
+    sub = UnionWorkload(tuple(union.columns[i] for i in rest),
+                        tuple(union.sizes[i] for i in rest), blocks)
+    return general, base, sub, 1.0
+
+
+def union_svdb(union: UnionWorkload) -> float:
+    """svdb of a union whose blocks share their predicate columns' Grams (module note);
+    :func:`restricted_svdb` when there are none. Never the full product."""
+    general, grams, sub, total = split_for_bound(union)
+    if not general:
+        return restricted_svdb(union)
+    value = restricted_svdb(sub) if sub is not None else total
+    for i, G in zip(general, grams):
+        lam = np.clip(np.linalg.eigvalsh((G + G.T) / 2), 0.0, None)
+        value *= float(np.sqrt(lam).sum()) ** 2 / union.sizes[i]
+    return value

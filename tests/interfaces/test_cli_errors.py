@@ -72,7 +72,7 @@ def f(tmp_path_factory):
     put("people.sql", b"SELECT COUNT(*) FROM people;\n")
     put("good.sql", Q.encode())
     put("syntax.sql", b"SELEC COUNT(*) FROM adult;\n")
-    put("sum.sql", b"SELECT SUM(age) FROM adult;\n")
+    put("sum.sql", b"SELECT SUM(sex) FROM adult;\n")
     put("join.sql", b"SELECT COUNT(*) FROM adult JOIN adult b ON adult.age = b.age;\n")
     put("column.sql", b"SELECT COUNT(*) FROM adult WHERE salary > 3;\n")
     put("set.sql", b"SET dpsql.epsilon = 'lots';\nSELECT COUNT(*) FROM adult;\n")
@@ -132,7 +132,7 @@ CASES = [
                              "{set_sql}", "{empty_sql}")
       for argv in (["run", "{db}", bad, *EPS], ["explain", "{db}", bad, *EPS])],
     *[(["shell", "{db}", *EPS, "-e", sql], 65)
-      for sql in ("SELEC COUNT(*) FROM adult;", "SELECT AVG(age) FROM adult;",
+      for sql in ("SELEC COUNT(*) FROM adult;", "SELECT MIN(age) FROM adult;",
                   "SELECT sex, COUNT(*) FROM adult GROUP BY sex ORDER BY 2;",
                   "SELECT COUNT(*) FROM adult WHERE salary > 3;")],
     # budget exhausted (77): more than the table's epsilon of 1

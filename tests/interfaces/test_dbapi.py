@@ -415,7 +415,7 @@ def test_a_refused_execute_clears_the_previous_result(conn):
     cur = conn.cursor()
     cur.execute("SELECT COUNT(*) FROM adult")
     with pytest.raises(dbapi.ProgrammingError):
-        cur.execute("SELECT AVG(age) FROM adult")
+        cur.execute("SELECT MIN(age) FROM adult")
     assert cur.description is None and cur.rowcount == -1
     with pytest.raises(dbapi.ProgrammingError):
         cur.fetchall()

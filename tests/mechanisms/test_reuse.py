@@ -210,6 +210,23 @@ def test_reuse_false_measures_afresh(db):
         db.answer(SEX_RACE, epsilon=0.5, delta=0, reuse="yes")
 
 
+def test_a_too_costly_analysis_is_skipped_with_a_note_and_changes_nothing_else(db,
+                                                                              monkeypatch):
+    """Over its share of the planning memory the reuse analysis is not run: the batch is
+    planned exactly as without past releases (same strategy and errors, only nothing free)
+    and explain says why."""
+    from dpsql.mechanisms.reuse import pool
+
+    db.answer(SEX_RACE, epsilon=0.5, delta=0, strategy="identity")
+    assert len(db.explain(SEX_RACE, epsilon=0.5, delta=0, strategy="identity").free) > 0
+    monkeypatch.setattr(pool, "MAX_SHARE", 1e-12)
+    e = db.explain(SEX_RACE, epsilon=0.5, delta=0, strategy="identity")
+    fresh = db.explain(SEX_RACE, epsilon=0.5, delta=0, strategy="identity", reuse=False)
+    assert e.free == () and e.reused_from == () and e.strategy == fresh.strategy
+    np.testing.assert_allclose(e.stderr, fresh.stderr)
+    assert "reuse" in str(e) and "planned afresh" in str(e)
+
+
 def test_damaged_or_foreign_measurements_are_not_used(db, tmp_path):
     db.answer(SEX_RACE, epsilon=0.5, delta=0, strategy="identity")
     with db.db.connect() as con:

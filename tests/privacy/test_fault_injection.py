@@ -4,10 +4,14 @@ For each route (matrix Gaussian, matrix Laplace, answers free from reuse, accura
 MWEM, d_X Laplace, d_X MWEM, d_X SmallDB (the d_X exponential mechanism), a batch of three
 result tables, and the implicit path of issue 16 — a batch over a product above
 ``DENSE_MAX_CELLS`` compiled to Kronecker blocks and measured through the cliques' marginals,
-with the Gaussian ``residual`` plan and the Laplace ``marginals`` plan) and each step
+with the Gaussian ``residual`` plan and the Laplace ``marginals`` plan — and the joint
+release of issue 20, a batch mixing COUNT, SUM and AVG read by one ``data_vectors`` call)
+and each step
 boundary of ``dpsql/release/path.py`` and the kernel (after the plan, before the charge,
 after the charge's commit, after the data vector or the marginals are read, after the first
-noise draw, after the kernel returns, after inference, between result-table writes, before
+noise draw, after the kernel returns, after inference, after the result rows are staged and
+after every result table is created (one bulk write, :func:`dpsql.store.database.
+write_tables`), before
 and after ``mark_released``, after the measurements are stored, after the results' commit),
 a child process runs the release and
 
@@ -71,6 +75,10 @@ PAIRS = ";\n".join(f"SELECT {a}, {b}, COUNT(*) FROM adult GROUP BY {a}, {b}" for
                     ("sex", "income"), ("race", "income")])
 SPLIT = ("SELECT age, race, COUNT(*) FROM adult GROUP BY age, race;\n"
          "SELECT sex, income, COUNT(*) FROM adult GROUP BY sex, income")
+#: a batch mixing COUNT, SUM and AVG: one joint release of three blocks (issue 20)
+SUMS = ("SELECT sex, SUM(hours_per_week) FROM adult GROUP BY sex;\n"
+        "SELECT race, AVG(CLAMP(age, 17, 80)) FROM adult GROUP BY race;\n"
+        "SELECT COUNT(*) FROM adult WHERE income = '>50K'")
 METRIC = {"epsilon": 50, "columns": {"age": {"weight": 0.1}, "sex": {"different": 1}}}
 ROWS = 400
 
@@ -89,6 +97,7 @@ ROUTES = {
     "batch3": (dict(sql=THREE, epsilon=0.25, delta=1e-6, strategy="workload"), True),
     "implicit_residual": (dict(sql=PAIRS, epsilon=0.5, delta=1e-6), False),
     "implicit_marginals": (dict(sql=SPLIT, epsilon=0.5, delta=0), False),
+    "joint": (dict(sql=SUMS, epsilon=0.5, delta=1e-6), False),
 }
 #: the implicit routes and the strategy each must plan (checked by the unfaulted run)
 IMPLICIT = {"implicit_residual": "residual", "implicit_marginals": "marginals"}
@@ -100,12 +109,13 @@ POINTS = [
     ("before_charge", "dpsql.store.ledger:charge", "before", 1, "none"),
     ("charged", "dpsql.store.ledger:charge", "after", 1, "charged"),
     ("data_vector", "dpsql.engines.duckdb:data_vector", "after", 1, "charged"),
+    ("data_vectors", "dpsql.engines.duckdb:data_vectors", "after", 1, "charged"),
     ("marginals", "dpsql.engines.duckdb:marginals", "after", 1, "charged"),
     ("noise", "sampler", "after", 1, "charged"),
     ("measured", "dpsql.release.path:KernelHandle.receipt", "after", 1, "charged"),
     ("inferred", "dpsql.release.path:write_results", "before", 1, "charged"),
-    ("table_1", "dpsql.store.database:write_table", "after", 1, "charged"),
-    ("table_2", "dpsql.store.database:write_table", "after", 2, "charged"),
+    ("staged", "dpsql.store.database:_stage_rows", "after", 1, "charged"),
+    ("tables", "dpsql.store.database:_create_tables", "after", 1, "charged"),
     ("before_mark", "dpsql.store.ledger:mark_released", "before", 1, "charged"),
     ("after_mark", "dpsql.store.ledger:mark_released", "after", 1, "charged"),
     ("measurements", "dpsql.mechanisms.reuse.records:store", "after", 1, "charged"),
@@ -119,18 +129,19 @@ RETRIED = {"planned", "charged", "after_mark", "committed"}
 #: where a real Ctrl-C is sent: the boundaries of the guard (it starts after planning and the
 #: budget pre-check, ends with the results' commit) and one point of each step between;
 #: kill and the raised interrupt cover every point
-SIGNALLED = {"planned", "before_charge", "charged", "noise", "inferred", "table_1",
+SIGNALLED = {"planned", "before_charge", "charged", "noise", "inferred", "staged",
              "after_mark", "committed"}
 #: on the implicit routes, where the raised interrupt and Ctrl-C are injected and a kill is
 #: retried: their own code, from the charge in ``release_marginals`` to the inference (the
 #: rest is the shared path's, covered by the dense routes; a kill still hits every point)
 KERNEL_SECTION = {"charged", "marginals", "noise", "measured", "inferred"}
 IMPLICIT_RETRIED = {"charged"}
-_NOT = {"reuse": {"data_vector", "noise", "table_2", "measurements"},
-        "dx_smalldb": {"table_2", "measurements"},
-        **{r: {"data_vector"} for r in IMPLICIT}}
-#: the points only some routes reach: the implicit routes read marginals, not x
-_ONLY = {"marginals": set(IMPLICIT)}
+_NOT = {"reuse": {"data_vector", "noise", "measurements"},
+        "dx_smalldb": {"measurements"},
+        **{r: {"data_vector"} for r in IMPLICIT}, "joint": {"data_vector"}}
+#: the points only some routes reach: the implicit routes read marginals, not x; the joint
+#: release reads x and the value sums in one call
+_ONLY = {"marginals": set(IMPLICIT), "data_vectors": {"joint"}}
 #: the points each route reaches (checked against an unfaulted run)
 REACHED = {r: [p[0] for p in POINTS
                if p[0] not in _NOT.get(r, set()) and r in _ONLY.get(p[0], {r})
@@ -371,7 +382,8 @@ def check_invariant(path: str) -> dict:
         assert st in ("charged", "released"), st
         if st == "released":          # every table, every row; the matrix's measurements
             assert sorted(linked_by.get(release_id, [])) == sorted(names)   # (not the
-            dense = strategy not in IMPLICIT.values()     # implicit path's: not stored)
+            dense = (strategy not in IMPLICIT.values()    # implicit path's and joint
+                     and not strategy.startswith("joint("))  # releases': not stored)
             assert (release_id in stored) == (mechanism in ("gaussian", "laplace") and dense), \
                 (release_id, mechanism, strategy)
         else:                         # nothing of it
@@ -423,8 +435,9 @@ KNOWN_CALLS = {
         "write": "committed", "done.append": PURE, "InterruptedAfterRelease": PURE},
     ("dpsql/release/path.py", "write_results"): {
         "engine.engine_errors": PURE, "con.execute": "after_mark", "zip": PURE,
-        "build_columns": PURE, "engine.write_table": "table_1", "list": PURE, "tuple": PURE,
+        "build_columns": PURE, "engine.write_tables": "tables", "list": PURE, "tuple": PURE,
         "len": PURE, "results.append": PURE, "ResultTable": PURE, "recorded.append": PURE,
+        "tables.append": PURE,
         "ledger.mark_released": "before_mark", "records.store": "measurements"},
     ("dpsql/release/path.py", "publish"): {"write_results": "committed", "make": PURE,
                                            "list": PURE},
@@ -433,7 +446,11 @@ KNOWN_CALLS = {
 #: every function of the modules of dpsql/kernel/ they reach, :func:`_kernel_calls`)
 _KERNEL = {"ledger.charge": "charged", "_data_vector": "data_vector",
            "engine.data_vector": "data_vector", "_clique_marginals": "marginals",
-           "engine.marginals": "marginals",
+           "engine.marginals": "marginals", "_data_vectors": "data_vectors",
+           "engine.data_vectors": "data_vectors",
+           # the engine's query pieces (values only), and the per-unit selection key read
+           # beside the policy for that query (reads no data, writes nothing)
+           "engine.Cap": PURE, "engine.Sum": PURE, "ledger.unit_key": PURE,
            "self.sampler.sample": "noise", "self.sampler.laplace": "noise",
            "algorithm": "noise", "plan.measure": PURE, "oracle.close": PURE}
 #: what touches the ledger, the data or the sampler (``ledger.Charge`` is the charge's type)
@@ -444,10 +461,12 @@ _TOUCHING = ("ledger.", "engine.", "self.sampler", "kernel.sampler", "_data_vect
 _ENTRIES = {("Kernel", "release"): "_data_vector", ("Kernel", "release_per_query"): "_data_vector",
             ("Kernel", "release_adaptive"): "_data_vector",
             ("Kernel", "release_adaptive_metric"): "_data_vector",
-            ("Kernel", "release_marginals"): "_clique_marginals"}
+            ("Kernel", "release_marginals"): "_clique_marginals",
+            ("Kernel", "release_joint"): "_data_vectors"}
 #: the kernel's data reads (dpsql/kernel/data.py, the one module importing the engines): each
 #: makes its engine call, which a point covers
-_READS = {"_data_vector": "engine.data_vector", "_clique_marginals": "engine.marginals"}
+_READS = {"_data_vector": "engine.data_vector", "_clique_marginals": "engine.marginals",
+          "_data_vectors": "engine.data_vectors"}
 KERNEL = ROOT / "dpsql" / "kernel"
 
 

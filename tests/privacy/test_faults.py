@@ -259,7 +259,7 @@ POINTS = {
     "inside_charge": ("commit", "before", 1),           # INSERT done, COMMIT not yet
     "after_data_read": ("dpsql.engines.duckdb:data_vector", "after", 1),
     "after_noise": ("dpsql.noise.samplers:SecureGaussianSampler.sample", "after", 1),
-    "writing_tables": ("dpsql.store.database:write_table", "before", 2),  # first table written
+    "writing_tables": ("dpsql.store.database:_create_tables", "before", 1),  # rows staged
     "after_tables": ("dpsql.store.ledger:mark_released", "after", 1),
     "at_results_commit": ("commit", "before", 2),
     "after_commit": ("dpsql.session:Session._write", "after", 1),  # before any output
@@ -545,17 +545,17 @@ SIGNAL_HOOK = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {root!r})
     import dpsql.store.database as engine
-    real = engine.write_table
+    real = engine._create_tables
     calls = []
 
     def slow_write(*args, **kwargs):
         calls.append(1)
         if len(calls) == 1:
-            print("[hook] writing the first result table", flush=True)
+            print("[hook] writing the first result tables", flush=True)
             time.sleep(3)
         return real(*args, **kwargs)
 
-    engine.write_table = slow_write
+    engine._create_tables = slow_write
     from dpsql.interfaces.cli import main
     sys.exit(main(sys.argv[1:]))
 """)

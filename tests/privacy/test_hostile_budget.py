@@ -122,7 +122,7 @@ def test_no_positive_charge_is_recorded_as_zero(spend, epsilon, delta):
 
 @pytest.mark.parametrize("bad", [
     "SELECT COUNT(*) FROM adult WHERE nonsense = 1",
-    "SELECT AVG(age) FROM adult",
+    "SELECT SUM(sex) FROM adult",
     "SELECT COUNT(*) FROM adult WHERE hours_per_week > 30",
     "DROP TABLE adult",
 ])

@@ -110,8 +110,8 @@ def _tamper_matrix_scale(monkeypatch, family):
     """The selection's noise-scale function halves σ (or b) of ``family``."""
     real = matrix.noise_scale
 
-    def tampered(fam, plan, eps, dlt, calibration):
-        scale, variance = real(fam, plan, eps, dlt, calibration)
+    def tampered(fam, plan, eps, dlt, calibration, contribution=1):
+        scale, variance = real(fam, plan, eps, dlt, calibration, contribution)
         return (scale / 2, variance / 4) if fam == family else (scale, variance)
 
     monkeypatch.setattr(matrix, "noise_scale", tampered)
@@ -143,8 +143,8 @@ def test_gaussian_sigma_halved_is_refused(db, monkeypatch, calibration):
 def test_classic_charge_with_an_analytic_sigma_is_refused(db, monkeypatch):
     """σ private under the analytic profile, but the charge records classic: refused."""
     real = matrix.noise_scale
-    monkeypatch.setattr(matrix, "noise_scale", lambda fam, plan, eps, dlt, calibration:
-                        real(fam, plan, eps, dlt, "analytic"))
+    monkeypatch.setattr(matrix, "noise_scale", lambda fam, plan, eps, dlt, calibration, k=1:
+                        real(fam, plan, eps, dlt, "analytic", k))
     _refused_before_charge(db, "below the classic calibration", SEX_RACE,
                            calibration="classic", **GAUSSIAN)
 
@@ -154,7 +154,7 @@ def test_classic_charge_with_an_analytic_sigma_is_refused(db, monkeypatch):
 def test_recorded_rho_must_match_the_sigma_used(db, monkeypatch, factor, match):
     real = release_matrix._rho
     monkeypatch.setattr(release_matrix, "_rho",
-                        lambda expl, eps, plan: real(expl, eps, plan) * float(factor))
+                        lambda expl, eps, plan, k=1: real(expl, eps, plan, k) * float(factor))
     _refused_before_charge(db, match, SEX_RACE, **GAUSSIAN)
 
 

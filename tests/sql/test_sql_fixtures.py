@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpsql.errors import ParseError, UnsupportedQueryError
+from dpsql.errors import ParseError, UnknownTableError
 from dpsql.policy.policy import table_policy_from_spec
 from dpsql.sql.compile import compile_workload
 from dpsql.sql.parse import parse_batch
@@ -45,7 +45,7 @@ def compile_sql(sql):
         if name not in POLICIES:
             line, col = _position(node)
             known = ", ".join(sorted(POLICIES))
-            raise UnsupportedQueryError(
+            raise UnknownTableError(
                 f"table {name!r} is not a protected table (protected: {known})", line, col)
         return POLICIES[name]
 
@@ -197,8 +197,8 @@ def test_every_required_construct_is_covered():
         "drop", "insert", "update", "delete", "stacked_drop_after_select", "copy_to_file",
         "attach", "install", "load", "pragma", "call", "set", "read_csv", "glob",
         "duckdb_tables", "information_schema", "ledger_table", "join", "subquery_in_from",
-        "subquery_in_in", "order_by", "limit", "having", "distinct", "count_distinct", "sum",
-        "avg", "select_star", "column_not_declared_in_where", "table_not_protected",
+        "subquery_in_in", "order_by", "limit", "having", "distinct", "count_distinct",
+        "sum_without_bounds", "avg_of_expression", "sum_distinct", "min", "select_star", "column_not_declared_in_where", "table_not_protected",
         "two_columns_compared", "arithmetic_in_where", "function_in_where", "equals_null",
         "placeholder", "numeric_condition_splits_a_bin", "categorical_value_not_declared",
         "ordering_on_categorical", "string_compared_to_integer_column", "two_counts",

@@ -81,7 +81,10 @@ def decide(con, policy, workload, records, eps, dlt, strategy, calibration,
     for and measured as a batch of their own (at the requested ε, or the smallest ε meeting
     the target); every answer then combines old and new measurements."""
     ask = _Request(con, policy, eps, dlt, strategy, calibration, objective, target)
-    pool = usable_pool(policy, workload, records)
+    pool = Pool(policy, workload, records) if records else None
+    if pool is not None and pool.too_costly:
+        return _noted(_afresh(ask, workload), pool.too_costly)
+    pool = usable_pool(policy, workload, records, pool)
     if pool is None:
         return _afresh(ask, workload)
     old = pool.analyse(workload.W)
@@ -96,10 +99,20 @@ def decide(con, policy, workload, records, eps, dlt, strategy, calibration,
     return decision
 
 
-def usable_pool(policy, workload, records) -> Pool | None:
+def _noted(decision: Decision, note: str) -> Decision:
+    """The decision with a row in explain's table saying why past releases were not used."""
+    from dpsql.store.results import Candidate
+
+    row = Candidate("reuse", math.nan, math.nan, math.nan, np.zeros(0), note=note)
+    decision.expl = replace(decision.expl, candidates=decision.expl.candidates + (row,))
+    return decision
+
+
+def usable_pool(policy, workload, records, pool: Pool | None = None) -> Pool | None:
     """Step 1: the pool of the past releases that fit its limits (:class:`Pool`), or None
     when there are none."""
-    pool = Pool(policy, workload, records) if records else None
+    if pool is None:
+        pool = Pool(policy, workload, records) if records else None
     if pool is None or not pool.records:
         return None
     return pool

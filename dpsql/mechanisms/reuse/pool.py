@@ -30,6 +30,17 @@ from dpsql.store.results import Z95
 MAX_REFINED_CELLS = 4_000_000
 #: the most measurements (old and new) combined at once (an m x m eigendecomposition)
 MAX_MEASUREMENTS = 2048
+#: the reuse analysis may take at most this fraction of the planning memory limit: beyond
+#: it the batch is planned afresh (as with no past releases; explain says why), so the
+#: analysis stays a small part of selection whatever the past releases are
+MAX_SHARE = 1 / 8
+
+
+def predicted_bytes(n_refined: int, n_columns: int, n_terms: int, m: int) -> int:
+    """Memory of the analysis: per term an aggregation over the refined cells (its index
+    grid, one int64 per column, and a CSR matrix: ~8·(columns + 4) bytes per cell), plus
+    the whitened measurements' Gram and its eigendecomposition (3·m² doubles)."""
+    return 8 * n_refined * (n_columns + 4) * (n_terms + 1) + 24 * m * m
 
 
 class Refinement:
@@ -106,11 +117,30 @@ class Pool:
                 self.skipped.append(rec.release_id)
         self.records = sorted(kept, key=lambda r: r.release_id)
         self.refinement = Refinement(policy, base + [r.partitions for r in self.records])
+        self.too_costly = self._over_share(m)
+        if self.too_costly:
+            self.records, self._terms = [], []
+            return
         self.P_new = self.refinement.aggregation(base[0])
         # per term: its record and P (its cells <- refined cells); M = A P is never formed
         self._terms = [(r, self.refinement.aggregation(r.partitions)) for r in self.records]
         self._counts = np.asarray(self.P_new.sum(axis=1)).reshape(-1)   # refined per cell
         self._gram = None
+
+    def _over_share(self, m: int) -> str:
+        """Why the analysis is skipped (its predicted memory over :data:`MAX_SHARE` of the
+        planning limit), or ''."""
+        from dpsql.workload import limits
+
+        need = predicted_bytes(self.refinement.n, len(self.refinement.columns),
+                               len(self.records), m + MAX_MEASUREMENTS // 2)
+        room = limits.current().max_memory * MAX_SHARE
+        if not self.records or need <= room:
+            return ""
+        return (f"skipped: combining {len(self.records)} past releases would need about "
+                f"{limits.show_bytes(need)} ({self.refinement.n:,} refined cells), over "
+                f"{MAX_SHARE:.3g} of the planning memory limit; the batch is planned afresh "
+                "(the same answers, only none free)")
 
     @property
     def release_ids(self) -> tuple:
