@@ -82,29 +82,32 @@ def _unit_index(column: str, value: float) -> int:
 
 def truths(con) -> list[dict]:
     """Per statement: group key -> (rule on exact counts, DuckDB's exact quantile)."""
-    out = []
-    for _, _, column, q, kind, groups in STATEMENTS:
-        lo, hi, key, low, high = _units(column)
-        cols = ", ".join(groups)
-        counts: dict = {}
-        for row in con.execute(f"SELECT {cols}, {column}, count(*) FROM adult "
-                               f"WHERE {column} IS NOT NULL GROUP BY ALL").fetchall():
-            counts.setdefault(tuple(row[:-2]), np.zeros(len(key)))[
-                _unit_index(column, row[-2])] += row[-1]
-        fn = "quantile_cont" if kind == "cont" else "quantile_disc"
-        exact = dict((tuple(r[:-1]), r[-1]) for r in con.execute(
-            f"SELECT {cols}, {fn}({column}, {q}) FROM adult GROUP BY ALL").fetchall())
-        table = {}
-        for g, c in counts.items():
-            C = np.cumsum(c)
-            u = int(np.argmax(C >= q * C[-1]))
-            before = C[u - 1] if u else 0.0
-            rule = key[u] if kind == "disc" else \
-                min(max(lo[u] + (q * C[-1] - before) / (C[u] - before) * (hi[u] - lo[u]),
-                        low), high)
-            table[g] = (float(rule), float(exact[g]))
-        out.append(table)
-    return out
+    return [truth(con, column, q, kind, groups) for _, _, column, q, kind, groups in STATEMENTS]
+
+
+def truth(con, column: str, q: float, kind: str, groups: tuple) -> dict:
+    """Group key -> (rule on exact counts, DuckDB's exact quantile) of one quantile of
+    ``column`` by ``groups`` over the whole ``adult`` table (no WHERE)."""
+    lo, hi, key, low, high = _units(column)
+    cols = ", ".join(groups)
+    counts: dict = {}
+    for row in con.execute(f"SELECT {cols}, {column}, count(*) FROM adult "
+                           f"WHERE {column} IS NOT NULL GROUP BY ALL").fetchall():
+        counts.setdefault(tuple(row[:-2]), np.zeros(len(key)))[
+            _unit_index(column, row[-2])] += row[-1]
+    fn = "quantile_cont" if kind == "cont" else "quantile_disc"
+    exact = dict((tuple(r[:-1]), r[-1]) for r in con.execute(
+        f"SELECT {cols}, {fn}({column}, {q}) FROM adult GROUP BY ALL").fetchall())
+    table = {}
+    for g, c in counts.items():
+        C = np.cumsum(c)
+        u = int(np.argmax(C >= q * C[-1]))
+        before = C[u - 1] if u else 0.0
+        rule = key[u] if kind == "disc" else \
+            min(max(lo[u] + (q * C[-1] - before) / (C[u] - before) * (hi[u] - lo[u]),
+                    low), high)
+        table[g] = (float(rule), float(exact[g]))
+    return table
 
 
 def _session(path: str, secure: bool, seed: int):

@@ -67,8 +67,10 @@ def over_the_wire(server, clients, batches, epsilon=EPSILON):
     def client(i):
         user = f"a{i:02d}"
         out = []
+        # reuse off, as in-process: each batch is a release (with reuse, an analyst's own
+        # repeated batch would be answered free from their first release)
         with psycopg.connect(server.dsn(user, password=user + "-pw", epsilon=str(epsilon),
-                                        delta="0"), autocommit=True) as conn:
+                                        delta="0", reuse="false"), autocommit=True) as conn:
             for _ in range(batches):
                 t0 = time.perf_counter()
                 try:

@@ -29,6 +29,7 @@ from dpsql.release import path as release_path
 from dpsql.release.mechanism import Ask, Public
 from dpsql.release.support import (InterruptedAfterRelease, _completed_on_interrupt,
                                    request_matches)
+from dpsql.sql import probe
 from dpsql.sql.compile import Workload
 from dpsql.store import database as engine
 from dpsql.store import ledger, readback
@@ -55,6 +56,9 @@ class Session:
         Connect at ``spark_remote`` (``sc://host:15002``) and stops at :meth:`close`."""
         self.reuse = SETTINGS["reuse"].parse(reuse)
         self.spark = _spark_link(spark, spark_master, spark_remote)
+        #: None, or a callable giving the release ids answers may be built from (reuse):
+        #: the server limits each analyst to the releases charged to them
+        self.reuse_scope = None
         self.db = engine.Database(path, lock_timeout=lock_timeout, on_lock_wait=on_lock_wait)
         self.kernel = Kernel(sampler, spark=self.spark)
         self._own_spark = self.spark is not None and not isinstance(spark, SparkLink)
@@ -181,6 +185,26 @@ class Session:
         (:mod:`dpsql.store.readback`)."""
         return readback.read(self.db, sql)
 
+    def probe(self, sql: str) -> ResultTable | None:
+        """A schema probe of a protected table (``SELECT * FROM t WHERE 1=0``, ``... LIMIT
+        0``: :mod:`dpsql.sql.probe`) answered from its declared columns: no row, no data
+        read, nothing charged. None for any other query, and for a column not declared."""
+        asked = probe.probe(sql) if isinstance(sql, str) else None
+        policy = self.policies().get(asked.table) if asked is not None else None
+        if policy is None:
+            return None
+        declared = {c.lower(): c for c in policy.column_names}
+        names = [declared.get(c) for c in asked.columns or declared]
+        if None in names:
+            return None
+        return ResultTable(policy.table, tuple(names), [],
+                           tuple(engine.key_sql_type(policy.column(c)) for c in names))
+
+    def table_names(self) -> tuple[set, set]:
+        """(protected tables, result tables), lower case: how scripts tell their reads of
+        result tables from their workloads (:func:`dpsql.sql.script.parse_script`)."""
+        return readback.names(self.db)
+
     def read_plan(self, sql: str | Sequence[str]) -> list | None:
         """A submission without workload markers as ("answer", [statements]) workloads and
         ("read", [statement]) result-table reads, in order; None when it reads no result
@@ -188,7 +212,8 @@ class Session:
         return readback.plan(self.db, [sql] if isinstance(sql, str) else list(sql))
 
     def _public(self, con) -> Public:
-        return Public(con, ledger.load_policies(con), self.kernel.private)
+        scope = None if self.reuse_scope is None else frozenset(self.reuse_scope())
+        return Public(con, ledger.load_policies(con), self.kernel.private, scope)
 
     def _write(self, con, receipt, plan, answers, ask) -> Release:
         """The release path's write step (:func:`dpsql.release.path.publish`): the result

@@ -1,8 +1,10 @@
--- A reporting batch on the Adult census extract: 20 COUNT, 20 SUM(hours_per_week) and
--- 10 AVG(age) statements, released as ONE workload (issue 20): one charge, a measurement
--- block per data vector (the counts, the clamped sums of hours_per_week, of age), the
--- budget split between them for the batch's total expected error. SUM and AVG clamp each
--- row to the declared bounds (hours_per_week: [0, 100], age: [17, 90]).
+-- A reporting batch on the Adult census extract: 20 COUNT, 20 SUM(hours_per_week),
+-- 10 AVG(age) and 5 quantile statements by group, released as ONE workload (issue 20): one
+-- charge, a measurement block per data vector (the counts, with the quantiles' CDF counts;
+-- the clamped sums of hours_per_week, of age), the budget split between them for the
+-- batch's total expected error. SUM and AVG clamp each row to the declared bounds
+-- (hours_per_week: [0, 100], age: [17, 90]); a quantile is read from its noisy CDF
+-- (docs/sql.md#quantiles).
 -- Committed before benchmarks/sql_surface.py measured it. Run:
 --     dpsql run census.duckdb sql/reporting_sums.sql
 -- Re-running returns the recorded answers and charges nothing.
@@ -233,3 +235,25 @@ CREATE OR REPLACE TABLE report_avg_10 AS
 SELECT AVG(age) AS mean_age
 FROM adult
 WHERE hours_per_week >= 60;
+
+-- ---------------------------------------------------------------- 5 quantiles by group
+CREATE OR REPLACE TABLE report_quantile_01 AS
+SELECT sex, MEDIAN(age) AS median_age
+FROM adult
+GROUP BY sex;
+CREATE OR REPLACE TABLE report_quantile_02 AS
+SELECT income, QUANTILE_CONT(hours_per_week, 0.9) AS p90_hours
+FROM adult
+GROUP BY income;
+CREATE OR REPLACE TABLE report_quantile_03 AS
+SELECT race, QUANTILE_CONT(age, 0.25) AS p25_age
+FROM adult
+GROUP BY race;
+CREATE OR REPLACE TABLE report_quantile_04 AS
+SELECT income, MEDIAN(age) AS median_age
+FROM adult
+GROUP BY income;
+CREATE OR REPLACE TABLE report_quantile_05 AS
+SELECT race, QUANTILE_CONT(hours_per_week, 0.5) AS median_hours
+FROM adult
+GROUP BY race;

@@ -229,11 +229,13 @@ def _script(args, *, dry_run: bool) -> int:
     if args.csv not in (None, "-"):
         csv_directory(args.csv)          # before anything is read or spent
     defaults = _defaults(args)
-    script = parse_script(read_script(args.script), **defaults)
-    out = ScriptOutput(args, len(script.workloads))
+    text = read_script(args.script)
     limits = {k: v for k, v in given(args, "cli", CONNECTION_SETTINGS).items()
               if k in PLANNING_LIMITS}                   # the others are _open's
     with _open(args) as db, planning.applied(**limits):
+        # the database's tables tell reads of result tables from workloads
+        script = parse_script(text, db.table_names(), **defaults)
+        out = ScriptOutput(args, len(script.workloads))
         try:        # plans every workload (the long part): a cancel here charged nothing
             plan = check_script(db, script, replace=args.replace)
         except KeyboardInterrupt as exc:
@@ -249,7 +251,8 @@ def _script(args, *, dry_run: bool) -> int:
             return 0
         if plan.confirm_error is not None:
             raise plan.confirm_error
-        outcomes = run_script(db, plan, replace=args.replace, on_outcome=out.outcome)
+        outcomes = run_script(db, plan, replace=args.replace, on_outcome=out.outcome,
+                              on_read=out.read)
         out.finish(db, {o.release.table for o in outcomes}, dry_run=False)
     return 0
 

@@ -129,6 +129,11 @@ class Cursor:
     def _answer(self, sql: str | list[str]) -> None:
         parts = None
         if self.connection.read_results:   # reading result tables back: free, no release
+            with _backend():             # a schema probe (SELECT * FROM t WHERE 1=0): the
+                probed = self.connection._session.probe(sql)    # declared columns, no row
+            if probed is not None:
+                self._sets = (self._sets or []) + [probed]
+                return
             with _backend():
                 parts = self.connection._session.read_plan(sql)
         for kind, texts in parts or [("answer", sql)]:

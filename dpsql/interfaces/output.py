@@ -157,6 +157,9 @@ class ScriptOutput:
         rows = [_plan_row(item) for item in plan.items]
         if self.json:
             self.doc["workloads"] = [dict(zip(PLAN_COLUMNS, r)) for r in rows]
+            self.doc["reads"] = [{"read": r.number, "label": r.label, "after_workload":
+                                  r.after, "sql": r.statement.normalized}
+                                 for r in plan.script.reads]
             self.doc["would_charge"] = {t: {"epsilon": _exact(c.epsilon),
                                             "delta": _exact(c.delta)}
                                         for t, c in plan.to_charge.items()}
@@ -169,6 +172,8 @@ class ScriptOutput:
             _write_csv(os.path.join(self.dir, "plan.csv"), PLAN_COLUMNS, rows)
         for item in plan.items:
             print(self._plan_text(item))
+        for r in plan.script.reads:
+            print(f"{r.label}: reads result tables back after workload {r.after}: free")
         if not self.quiet:
             print(_totals(plan))
 
@@ -226,12 +231,34 @@ class ScriptOutput:
                   f"{release_text(r)}", flush=True)
             self.blocks += 1
 
+    def read(self, r, table) -> None:
+        """One read of result tables (free post-processing), as soon as it ran."""
+        rows = [tuple(_blank(v) for v in row) for row in table.rows]
+        if self.json:
+            self.doc.setdefault("reads", []).append(
+                {"read": r.number, "label": r.label, "after_workload": r.after,
+                 **_table_json(table)})
+            return
+        if self.stream is not None:
+            self._block(tuple(table.columns))
+            self.stream.writerows(rows)
+            sys.stdout.flush()
+            return
+        if self.dir is not None:
+            _write_csv(os.path.join(self.dir, f"read-{r.number}.csv"), table.columns, rows)
+        if self.quiet:
+            print(f"{r.label}: {len(table.rows)} rows read back, free", flush=True)
+        else:
+            print(("\n" if self.blocks else "") + f"{r.label}: result tables read back, "
+                  f"free\n{table}", flush=True)
+            self.blocks += 1
+
     def finish(self, db, tables, *, dry_run: bool) -> None:
         """After the last workload: the budget left (text), or the whole JSON document."""
         if self.json:
             print(json_document(dry_run=dry_run, **self.doc,
                                 budget=_budgets_json({t: db.budget(t) for t in tables})))
-        elif not (dry_run or self.quiet or self.stream is not None):
+        elif tables and not (dry_run or self.quiet or self.stream is not None):
             print()
             print(budget_table({t: db.budget(t) for t in sorted(tables)}, title="budget"))
 

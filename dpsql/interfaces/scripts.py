@@ -24,6 +24,13 @@ appear anywhere. A statement is either a *setting* or a *query*:
   from the past is recorded at zero cost, and the budget check counts nothing for it.
 - a query: anything :meth:`Session.answer` accepts (``SELECT ... COUNT(*) ...``,
   ``CREATE [OR REPLACE] TABLE name AS SELECT ...``).
+- a *read*: a query over result tables only (``SELECT * FROM by_sex ORDER BY people DESC
+  LIMIT 3``: a table of the database that a release wrote, or one the script creates
+  before it), post-processing of released numbers: free, no ledger row
+  (:func:`dpsql.sql.readback.reads`, the DB-API's rule). It ends the current workload and
+  runs after the workloads before it; one over existing tables only is run once while the
+  script is checked, so its mistakes are refused before anything is spent. Inside a
+  workload block it is refused.
 
 **Workload rule.** Consecutive queries form one workload, answered by one
 :meth:`Session.answer` call: one ledger row, its budget reserved all-or-nothing. A ``SET``
@@ -63,13 +70,13 @@ from typing import Callable
 from dpsql.errors import DpsqlError
 from dpsql.store.results import Release
 from dpsql.session import InterruptedAfterRelease, Session
-from dpsql.interfaces.scripts_check import Plan, PlannedWorkload, check_script
+from dpsql.interfaces.scripts_check import Plan, PlannedWorkload, check_script, read_back
 from dpsql.request.declared import ASKS, check_asks, settings_for
 from dpsql.request.rules import MODELS, check_strategy
-from dpsql.sql.script import Script, ScriptError, ScriptWorkload, Statement
+from dpsql.sql.script import Script, ScriptError, ScriptRead, ScriptWorkload, Statement
 from dpsql.sql.script import parse_script as _parse_script
 
-__all__ = ["MODELS", "Outcome", "Plan", "PlannedWorkload", "SETTINGS", "Script",
+__all__ = ["MODELS", "Outcome", "Plan", "PlannedWorkload", "SETTINGS", "Script", "ScriptRead",
            "ScriptError", "ScriptInterrupted", "ScriptWorkload", "Statement", "check_asks",
            "check_script", "check_strategy", "parse_script", "run", "run_script"]
 
@@ -78,21 +85,24 @@ DECLARED = {s.name: s for s in settings_for("script")}
 SETTINGS = tuple(DECLARED)
 
 
-def parse_script(text: str, **defaults) -> Script:
+def parse_script(text: str, tables: tuple | None = None, **defaults) -> Script:
     """Split a script into workloads (:func:`dpsql.sql.script.parse_script`; no database),
     with every strategy setting fully checked and written as the ledger records it.
 
     ``defaults``: ``epsilon``, ``delta``, ``strategy``, ``calibration``, ``model``,
     ``target_rmse``, ``max_stderr``, ``confirm``, ``nonnegative``, ``integer``, ``reuse``
     (the command line's defaults, overridden by the script's ``SET``) and ``release``
-    (overrides every ``SET dpsql.release``); each checked with its declared parser."""
+    (overrides every ``SET dpsql.release``); each checked with its declared parser.
+    ``tables``: :meth:`Session.table_names`, so that reads of result tables are told from
+    workloads (without it every query belongs to a workload)."""
     unknown = set(defaults) - set(DECLARED)
     if unknown:
         raise TypeError(f"parse_script() got unknown setting(s) {sorted(unknown)}")
     check_asks(*(defaults.get(k) for k in ASKS), " as defaults")
     parsed = {k: DECLARED[k].parse(v) for k, v in defaults.items() if v is not None}
     release = parsed.pop("release", None)
-    script = _parse_script(text, declared=DECLARED, defaults=parsed, release=release)
+    script = _parse_script(text, declared=DECLARED, defaults=parsed, release=release,
+                           tables=tables)
     workloads = tuple(replace(w, strategy=_canonical(w.strategy, w.delta, w.model))
                       for w in script.workloads)
     return replace(script, workloads=workloads)
@@ -132,10 +142,13 @@ class Outcome:
 
 
 def run_script(session: Session, plan: Plan, *, replace: bool = False,
-               on_outcome: Callable[[Outcome], None] | None = None) -> list[Outcome]:
-    """Release the planned workloads in order, one :meth:`Session.answer` call each.
+               on_outcome: Callable[[Outcome], None] | None = None,
+               on_read: Callable | None = None) -> list[Outcome]:
+    """Release the planned workloads in order, one :meth:`Session.answer` call each, and
+    run the script's reads of result tables where they stand (free).
 
-    ``on_outcome`` is called after each workload (to print results as they come). A failure
+    ``on_outcome`` is called after each workload (to print results as they come),
+    ``on_read(read, table)`` after each read with its rows (a ResultTable). A failure
     stops the script with :class:`ScriptError`; Ctrl-C with :class:`ScriptInterrupted`.
     Either way, what was released before stays released and recorded.
     """
@@ -143,9 +156,21 @@ def run_script(session: Session, plan: Plan, *, replace: bool = False,
         if error is not None:
             raise error
     done: list[Outcome] = []
-    items = plan.items
+    items, reads = plan.items, list(plan.script.reads)
+
+    def read_up_to(k: int) -> None:       # the reads placed before workload k + 1
+        while reads and reads[0].after <= k:
+            r = reads.pop(0)
+            try:
+                table = read_back(session, r)
+            except ScriptError as exc:
+                raise ScriptError(f"{exc}; {_kept(done, items[k:])}", released=done,
+                                  line=exc.line, column=exc.column, cause=exc.cause) from None
+            if on_read is not None:
+                on_read(r, table)
     try:
         for i, item in enumerate(items):
+            read_up_to(i)
             w = item.workload
             try:
                 release = session.answer(w.sql, name=w.name, replace=replace,
@@ -161,6 +186,7 @@ def run_script(session: Session, plan: Plan, *, replace: bool = False,
             done.append(Outcome(w, release))
             if on_outcome is not None:
                 on_outcome(done[-1])
+        read_up_to(len(items))
     except KeyboardInterrupt:
         raise ScriptInterrupted(f"interrupted; {_kept(done, items[len(done):])}",
                                 done) from None
@@ -185,5 +211,5 @@ def _kept(done: list[Outcome], not_run) -> str:
 def run(session: Session, text: str, *, replace: bool = False, **defaults) -> list[Outcome]:
     """Parse, check and run a script in one call (``defaults``: those of
     :func:`parse_script`)."""
-    script = parse_script(text, **defaults)
+    script = parse_script(text, session.table_names(), **defaults)
     return run_script(session, check_script(session, script, replace=replace), replace=replace)

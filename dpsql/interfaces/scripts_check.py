@@ -21,7 +21,8 @@ from dpsql.errors import BudgetExceededError, DpsqlError, PolicyError, show_exac
 from dpsql.store.results import Explanation
 from dpsql.session import Session, request_matches
 from dpsql.release.support import _flags
-from dpsql.sql.script import Script, ScriptError, ScriptWorkload, Statement
+from dpsql.sql.readback import references
+from dpsql.sql.script import Script, ScriptError, ScriptRead, ScriptWorkload, Statement
 
 
 def _planned_rho(expl: Explanation, epsilon: Fraction) -> Fraction | None:
@@ -122,6 +123,7 @@ def check_script(session: Session, script: Script, *, replace: bool = False) -> 
             _check_recorded(item)
         items.append(item)
     _check_tables(session, items, replace)
+    _check_reads(session, script, items)
     to_charge, remaining, metric, metric_left, error = _check_budget(session, items)
     return Plan(script, tuple(items), to_charge, remaining, error, metric, metric_left,
                 _check_confirmed(items))
@@ -248,6 +250,29 @@ def _check_tables(session: Session, items, replace: bool) -> None:
                         f"{w.label}: table {name!r} (line {st.line}) exists and was not "
                         "created by dpsql; dpsql only replaces its own result tables; nothing "
                         "was charged", workload=w.number, line=st.line, column=st.column)
+
+
+def read_back(session: Session, r: ScriptRead):
+    """The rows of one read of result tables (free), or a ScriptError pointing at it."""
+    try:
+        table = session.read_results(r.statement.normalized)
+    except DpsqlError as exc:
+        raise ScriptError(f"{r.label}: {exc}", line=r.statement.line,
+                          column=r.statement.column, cause=exc) from None
+    if table is None:         # its result tables are gone (another process replaced them)
+        raise ScriptError(f"{r.label}: it names no result table any more",
+                          line=r.statement.line, column=r.statement.column)
+    return table
+
+
+def _check_reads(session: Session, script: Script, items) -> None:
+    """Run each read over existing result tables only (free): its mistakes are refused
+    before the first charge. A read of a table the script creates runs in its turn."""
+    made = {name.lower() for item in items for name, _, _ in _targets(item.workload)}
+    for r in script.reads:
+        refs = references(r.statement.normalized)
+        if refs is not None and not set(refs.tables) & made:
+            read_back(session, r)
 
 
 def _check_still_recorded(con, w: ScriptWorkload, release_id: int, table: str) -> None:

@@ -49,7 +49,8 @@ def plan(ask: Ask, public: Public) -> Plan:
 
 
 def _dense_plan(ask: Ask, public: Public, policy, queries, workload) -> Plan:
-    records = reuse_records.load(public.con, policy, public.private) if ask.reuse else []
+    records = (reuse_records.load(public.con, policy, public.private, public.reuse_from)
+               if ask.reuse else [])
     objective, target = ask.objective if ask.objective is not None else ("rmse", None)
     d = decide(public.con, policy, workload, records,
                None if ask.objective else ask.epsilon, ask.delta, ask.strategy,

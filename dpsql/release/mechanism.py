@@ -116,6 +116,9 @@ class Public:
     con: object
     policies: dict
     private: bool = True
+    #: the past releases answers may be built from (reuse); None: every release of the
+    #: table. The server gives each analyst only the releases charged to them.
+    reuse_from: frozenset | None = None
 
     def parse(self, sql) -> tuple[TablePolicy, list]:
         """The batch's protected table and its queries (remembered: public inputs only)."""

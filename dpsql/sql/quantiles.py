@@ -47,6 +47,8 @@ def aggregate(node: exp.Expression, item: exp.Expression, out_name: str | None,
     else:
         column, q_node, kind = node.this, node.expression, _KINDS[type(node)]
         name = f"quantile_{kind}"
+        if isinstance(q_node, exp.Order):        # sqlglot's DuckDB text of WITHIN GROUP
+            q_node, name = _generated_within_group(q_node, column, kind, item)
     extra = [k for k, v in node.args.items()
              if _is_set(v) and k not in ("this", "expression", "quantile")]
     if extra or not isinstance(column, exp.Column):
@@ -80,6 +82,19 @@ def _within_group(node: exp.WithinGroup) -> tuple:
         raise _reject(f"{name.upper()} ... ORDER BY column DESC", ordered,
                       f"write {name.upper()}(1 - q) WITHIN GROUP (ORDER BY column)")
     return ordered.this, func.this, kind, name
+
+
+def _generated_within_group(order: exp.Order, column, kind: str, item) -> tuple:
+    """``QUANTILE_CONT(col, q ORDER BY col)``: how sqlglot writes ``PERCENTILE_CONT(q)
+    WITHIN GROUP (ORDER BY col)`` in DuckDB's dialect (scripts and the shell re-read the
+    normalised text), read as the same quantile: (its q, its name)."""
+    name = f"percentile_{kind}"
+    items = order.expressions
+    if len(items) != 1 or not isinstance(items[0], exp.Ordered) \
+            or items[0].args.get("desc") or items[0].this != column:
+        raise _reject(f"this form of {name.upper()}", order,
+                      f"write {name.upper()}(q) WITHIN GROUP (ORDER BY column)", at=item)
+    return order.this, name
 
 
 def _fraction(q_node: exp.Expression, at: exp.Expression) -> Fraction:

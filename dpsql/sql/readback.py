@@ -77,18 +77,30 @@ def split(statements, protected, results) -> list[tuple[str, list[str]]] | None:
     workload, so a typo still refuses the whole workload before any charge."""
     out: list[tuple[str, list[str]]] = []
     pending: list[str] = []
-    made: set = set()
-    for text in statements:
-        refs = references(text)
-        known = set(results) | made
-        if refs is not None and any(t in known and t not in protected for t in refs.tables):
+    for text, read in zip(statements, reads(statements, protected, results)):
+        if read:
             if pending:
                 out.append(("answer", pending))
                 pending = []
             out.append(("read", [text]))
             continue
         pending.append(text)
-        made.add(created(text))
     if not any(kind == "read" for kind, _ in out):
         return None
     return out + ([("answer", pending)] if pending else [])
+
+
+def reads(statements, protected, results) -> list[bool]:
+    """Which of ``statements`` (texts, in order) read result tables back: those naming a
+    table of ``results`` or one an earlier statement creates, and no protected table
+    among those (the rule of :func:`split`; scripts use it too)."""
+    out, made = [], set()
+    for text in statements:
+        refs = references(text)
+        known = set(results) | made
+        read = refs is not None and any(t in known and t not in protected
+                                        for t in refs.tables)
+        out.append(read)
+        if not read:
+            made.add(created(text))
+    return out

@@ -15,33 +15,13 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.tokens import TokenType
 
-from dpsql.errors import (DpsqlError, ParseError, PrivacyParameterError, ScriptError,
-                          UnsupportedQueryError, WorkloadBlockError)
+from dpsql.errors import ParseError, ScriptError, UnsupportedQueryError, WorkloadBlockError
 from dpsql.sql import marker as markers
 from dpsql.sql import bigquery
+from dpsql.sql.script_settings import (TARGETS, _allowed, _apply_set, _with_options,  # noqa: F401
+                                       check_asks)
+from dpsql.sql.readback import reads as reading
 from dpsql.sql.parse import split_statements
-from dpsql.sql.refusals import _position
-
-#: the fields of a workload that hold an accuracy target (the declaration's targets:
-#: :data:`dpsql.request.declared.TARGETS`, which the settings' tests check against)
-TARGETS = ("target_rmse", "max_stderr")
-
-
-def _allowed(declared) -> str:
-    names = [f"dpsql.{name}" for name in declared]
-    return "a script may set " + ", ".join(names[:-1]) + f" or {names[-1]}"
-
-
-def check_asks(epsilon, target_rmse, max_stderr, where: str = "") -> None:
-    """At most one of epsilon and the accuracy targets among the caller's defaults."""
-    given = [n for n, v in zip(("epsilon", *TARGETS), (epsilon, target_rmse, max_stderr))
-             if v is not None]
-    if len(given) > 1:
-        raise PrivacyParameterError(
-            f"{' and '.join(given)} are both given{where}; a request asks either by epsilon "
-            "or by an accuracy target (target_rmse or max_stderr, which spends the smallest "
-            "epsilon meeting it), not both; drop one")
-
 
 @dataclass(frozen=True)
 class Statement:
@@ -80,8 +60,7 @@ class ScriptWorkload:
 
     @property
     def lines(self) -> str:
-        a, b = self.statements[0].line, self.statements[-1].end_line
-        return f"line {a}" if a == b else f"lines {a}-{b}"
+        return _lines(self.statements)
 
     @property
     def label(self) -> str:
@@ -109,14 +88,28 @@ class ScriptWorkload:
 
 
 @dataclass(frozen=True)
+class ScriptRead:
+    """A read of result tables (free post-processing), run after ``after`` workloads."""
+
+    number: int                  # from 1
+    statement: Statement
+    after: int
+
+    @property
+    def label(self) -> str:
+        return f"read {self.number} ({_lines([self.statement])})"
+
+
+@dataclass(frozen=True)
 class Script:
     text: str
     digest: str                  # SHA-256 of the normalized script
     workloads: tuple             # ScriptWorkload
+    reads: tuple = ()            # ScriptRead
 
 
 def parse_script(text: str, *, declared: dict, defaults: dict | None = None,
-                 release: str | None = None) -> Script:
+                 release: str | None = None, tables: tuple | None = None) -> Script:
     """Split a script into workloads with their settings and release names (no database).
 
     ``declared``: the settings a script may set, by name (:data:`dpsql.request.declared.SETTINGS`
@@ -125,7 +118,8 @@ def parse_script(text: str, *, declared: dict, defaults: dict | None = None,
     the one parser every interface shares. ``defaults``: the caller's values, already
     parsed (at most one of epsilon and the targets); the script's ``SET`` statements
     override them. ``release``: the caller's release name, which overrides every
-    ``SET dpsql.release``."""
+    ``SET dpsql.release``. ``tables``: (protected, result tables) of the database: a query
+    reading result tables (:func:`dpsql.sql.readback.reads`) is then a :class:`ScriptRead`."""
     if not isinstance(text, str):
         raise ParseError("a script must be SQL text")
     defaults = {k: v for k, v in (defaults or {}).items() if v is not None}
@@ -133,13 +127,17 @@ def parse_script(text: str, *, declared: dict, defaults: dict | None = None,
     check_asks(*(defaults.get(k) for k in asks), " as defaults")
     split = _split(text)         # the digest counts the markers: they group the workloads
     digest = hashlib.sha256(";\n".join(s.normalized for s in split).encode()).hexdigest()
-    grouping = _Grouping(declared, defaults)
-    for st in _blocks(split):
+    reads = set() if tables is None else {
+        id(st) for st, read in zip(split, reading([s.normalized for s in split], *tables))
+        if read}
+    grouping = _Grouping(declared, defaults, reads)
+    for st in _blocks(split, reads):
         grouping.add(st)
     return Script(text, digest, tuple(
         _workload(k, _with_options(settings, group, declared, was_set), group, asks, declared,
                   release, digest)
-        for k, (settings, group, was_set) in enumerate(grouping.finish(), 1)))
+        for k, (settings, group, was_set) in enumerate(grouping.finish(), 1)),
+        tuple(ScriptRead(k, st, after) for k, (after, st) in enumerate(grouping.reads, 1)))
 
 
 class _Grouping:
@@ -149,8 +147,10 @@ class _Grouping:
     (the declared defaults, then the caller's, then every ``SET`` before it); a ``SET``
     after a query, and the start or end of a workload block, end the workload."""
 
-    def __init__(self, declared: dict, defaults: dict):
+    def __init__(self, declared: dict, defaults: dict, reads: set):
         self.declared = declared
+        self.reading = reads         # id() of the statements that are reads
+        self.reads: list[tuple[int, Statement]] = []     # (workloads before, read)
         self.current = {name: setting.default for name, setting in declared.items()} | defaults
         self.groups: list[tuple[dict, list[Statement], frozenset]] = []
         self.pending_set: Statement | None = None
@@ -168,6 +168,9 @@ class _Grouping:
             raise UnsupportedQueryError(
                 f"this SET form is not supported; write SET dpsql.<name> = <value> "
                 f"({_allowed(self.declared)})", st.line, st.column)
+        elif id(st) in self.reading:      # a read of result tables ends the workload
+            self.reads.append((len(self.groups), st))
+            self.new_group = True
         else:
             self.query(st)
 
@@ -191,12 +194,13 @@ class _Grouping:
         self.groups[-1][1].append(st)
 
     def finish(self) -> list[tuple[dict, list[Statement], frozenset]]:
-        """The groups (settings, queries, the names a SET gave); refuses a trailing SET and a script of no query."""
+        """The groups (settings, queries, the names a SET gave); refuses a trailing SET and a
+        script of no query (a script of reads only has none, and that is fine)."""
         if self.pending_set is not None:
             raise UnsupportedQueryError(
                 "this SET is followed by no query, so it would have no effect; settings apply "
                 "to the queries after them", self.pending_set.line, self.pending_set.column)
-        if not self.groups:
+        if not self.groups and not self.reads:
             raise ParseError("the script has no query (only settings and comments)")
         return self.groups
 
@@ -265,26 +269,15 @@ def _split(text: str) -> list[Statement]:
     return out
 
 
-def _with_options(settings: dict, group: list, declared: dict, was_set) -> dict:
-    """A workload's settings with its statements' ``WITH DIFFERENTIAL_PRIVACY OPTIONS``
-    (:mod:`dpsql.sql.bigquery`), which override the caller's defaults like a SET; a setting
-    the script SET (``was_set``) is kept, and the request refuses an option that differs."""
-    out = dict(settings)
-    for st in group:
-        for _, name, raw, *_ in bigquery.options(st.normalized):
-            if name in declared and name not in was_set:
-                out[name] = declared[name].parse(raw, "script")
-    return out
-
-
 _BREAK = object()     # where a workload block starts or ends, in what _blocks returns
 
 
-def _blocks(statements: list[Statement]) -> list:
+def _blocks(statements: list[Statement], reads: set) -> list:
     """The statements with the workload markers applied (:mod:`dpsql.sql.marker`): each
     ``BEGIN WORKLOAD`` and ``COMMIT`` of a block becomes a break between workloads, a
     rolled-back block's statements are dropped, plain ``BEGIN`` / ``COMMIT`` / ``ROLLBACK``
-    are no-ops. Nested, unclosed blocks and a SET inside a block are refused."""
+    are no-ops. Nested, unclosed blocks, a SET and a read of result tables inside a block
+    are refused."""
     out: list = []
     block, start, opened = markers.WorkloadBlock(), 0, None
     for st in statements:
@@ -294,6 +287,10 @@ def _blocks(statements: list[Statement]) -> list:
                     f"a SET inside a workload block (opened at line {opened.line}); put "
                     "settings before BEGIN WORKLOAD: a block is one workload with one "
                     "set of settings", st.line, st.column)
+            if block.is_open and id(st) in reads:
+                raise WorkloadBlockError(
+                    f"a read of result tables inside a workload block (opened at line "
+                    f"{opened.line}); read them after COMMIT", st.line, st.column)
             out.append(st)
         elif st.marker == markers.BEGIN_WORKLOAD:
             block.begin(st.line, st.column)
@@ -316,76 +313,3 @@ def _lines(group: list[Statement]) -> str:
     return f"line {a}" if a == b else f"lines {a}-{b}"
 
 
-def _apply_set(st: Statement, current: dict, declared: dict, asked: dict) -> set:
-    """Apply one SET; return the names it set. ``asked``: which of epsilon / the accuracy
-    targets were set since the last query (two different ones for the same queries are
-    refused)."""
-    names = set()
-    node = st.expr
-    if node.args.get("unset") or node.args.get("tag") or not node.expressions:
-        raise UnsupportedQueryError(f"this SET form is not supported; {_allowed(declared)}",
-                                    st.line, st.column)
-    for item in node.expressions:
-        line, col = _position(item)
-        line, col = (line, col) if line is not None else (st.line, st.column)
-        kind = item.args.get("kind")
-        if kind:
-            raise UnsupportedQueryError(
-                f"SET {str(kind).upper()} is not supported; write SET dpsql.<name> = <value>",
-                st.line, st.column)
-        eq = item.this
-        target = eq.this if isinstance(eq, exp.EQ) else None
-        if not isinstance(target, exp.Column) or target.args.get("db") \
-                or target.args.get("catalog"):
-            raise UnsupportedQueryError(f"this SET is not supported; {_allowed(declared)}",
-                                        line, col)
-        name = target.name.lower()
-        setting = declared.get(name) if target.table.lower() == "dpsql" else None
-        if setting is None:
-            raise UnsupportedQueryError(
-                f"SET {target.sql()} is not a dpsql setting; {_allowed(declared)}", line, col)
-        value = eq.expression
-        vline, vcol = _position(value)
-        at = (vline, vcol) if vline is not None else (line, col)
-        if setting.ask:
-            other = next((k for k in asked if k != name), None)
-            if other is not None:
-                raise ParseError(
-                    f"dpsql.{name} and dpsql.{other} (line {asked[other][0]}) are both set "
-                    "for the same queries; a workload asks either by epsilon or by an "
-                    "accuracy target (dpsql.target_rmse or dpsql.max_stderr), not both; "
-                    "remove one", *at)
-            asked[name] = (line, col)
-        try:
-            current[name] = setting.parse(_value_text(value, setting, f"dpsql.{name}"),
-                                          "script")
-        except DpsqlError as exc:
-            raise ParseError(str(exc), *at) from None
-        if setting.ask:   # the workload asks by this one from now on
-            current.update({k: None for k, s in declared.items() if s.ask and k != name})
-        names.add(name)
-    return names
-
-
-def _value_text(node, setting, name: str) -> str:
-    """The text of a SET's value for the setting's parser. SQL's own literals carry the
-    kind: a number literal for a number, TRUE / FALSE for a flag, a quoted string for
-    text; any other form is refused with the setting's own message (or, for text, a
-    request to quote it)."""
-    shown = repr(node.this) if isinstance(node, exp.Literal) and node.is_string \
-        else repr(node.sql())
-    if setting.kind == "flag":
-        if isinstance(node, exp.Boolean):
-            return "true" if node.this else "false"
-        raise setting.refusal(name, shown)
-    if setting.kind == "number":
-        sign = ""
-        if isinstance(node, exp.Neg):
-            sign, node = "-", node.this
-        if isinstance(node, exp.Literal) and not node.is_string:
-            return sign + str(node.this)
-        raise setting.refusal(name, shown)
-    if not (isinstance(node, exp.Literal) and node.is_string):
-        hint = f"'{node.sql()}'" if isinstance(node, (exp.Var, exp.Column)) else "'...'"
-        raise ParseError(f"{name} must be a string literal, e.g. SET {name} = {hint}")
-    return str(node.this)

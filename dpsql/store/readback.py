@@ -96,7 +96,11 @@ def plan(db, texts) -> list[tuple[str, list[str]]] | None:
     if not any(refs is not None and refs.tables
                for refs in (references(s) for s in statements)):
         return None
+    return split(statements, *names(db))
+
+
+def names(db) -> tuple[set, set]:
+    """(protected tables, result tables) of the database, lower case: what tells a read of
+    result tables from a release (:func:`dpsql.sql.readback.reads`)."""
     with db.connect() as con:
-        protected = set(ledger.load_policies(con))
-        results = set(ledger.result_names(con))
-    return split(statements, protected, results)
+        return set(ledger.load_policies(con)), set(ledger.result_names(con))

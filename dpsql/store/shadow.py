@@ -32,17 +32,32 @@ class Shadow:
             self.con.execute(ddl)
             self.tables.add(name.lower())
 
-    def table(self, name: str, columns, rows, types=None) -> None:
-        """A table with rows (a result table or a budget view): ``types`` SQL types."""
+    def table(self, name: str, columns, rows, types=None, schema: str | None = None) -> None:
+        """A table with rows (a result table or a budget view): ``types`` SQL types; in
+        ``schema`` when given (created if needed; the name is then listed as
+        ``schema.name`` in :attr:`tables`)."""
         types = types or [sql_type(rows, i) for i in range(len(columns))]
         cols = ", ".join(f"{quote_ident(c)} {t}" for c, t in zip(columns, types))
+        qualified = quote_ident(name) if schema is None else \
+            f"{quote_ident(schema)}.{quote_ident(name)}"
         with self.lock:
-            self.con.execute(f"CREATE OR REPLACE TABLE {quote_ident(name)} ({cols})")
+            if schema is not None:
+                self.con.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(schema)}")
+            self.con.execute(f"CREATE OR REPLACE TABLE {qualified} ({cols})")
             if rows:
                 marks = ", ".join("?" for _ in columns)
-                self.con.executemany(f"INSERT INTO {quote_ident(name)} VALUES ({marks})",
+                self.con.executemany(f"INSERT INTO {qualified} VALUES ({marks})",
                                      [list(r) for r in rows])
-            self.tables.add(name.lower())
+            self.tables.add(name.lower() if schema is None else f"{schema}.{name}".lower())
+
+    def drop(self, name: str, schema: str | None = None) -> None:
+        """Remove a table :meth:`table` made (no error when it is not there)."""
+        qualified = quote_ident(name) if schema is None else \
+            f"{quote_ident(schema)}.{quote_ident(name)}"
+        with self.lock:
+            self.con.execute(f"DROP TABLE IF EXISTS {qualified}")
+            self.tables.discard(name.lower() if schema is None else
+                                f"{schema}.{name}".lower())
 
     def _sql(self, sql: str) -> str:
         """The statement as this shadow's DuckDB reads it (the server rewrites spellings)."""

@@ -16,18 +16,24 @@ PASSWORDS = {"alice": "alice-pw", "bob": "bob-pw", "carol": "carol-pw", "owner":
 ALLOWANCES = {"alice": ("0.5", "1e-6"), "bob": ("0.3", "1e-6"), "carol": ("0.02", "1e-7")}
 
 
-def make_database(directory: Path, *, epsilon=1.0, delta=1e-5, allowances=ALLOWANCES):
-    """(database path, users path) of a fresh protected Adult copy and its analysts."""
+def make_database(directory: Path, *, epsilon=1.0, delta=1e-5, allowances=ALLOWANCES,
+                  metric=None):
+    """(database path, users path) of a fresh protected Adult copy and its analysts
+    (``allowances``: user -> (ε, δ) or (ε, δ, metric ε); ``metric``: the table's record
+    metric, with its own budget, when given)."""
     sys.path.insert(0, str(ROOT))
     from dpsql.interfaces.server import accounts
-    from tests.conftest import make_adult_db
+    from tests.conftest import ADULT_POLICY, make_adult_db
 
     db_path = str(directory / "adult.duckdb")
-    make_adult_db(db_path, epsilon=epsilon, delta=delta).close()
+    db = make_adult_db(db_path, epsilon=epsilon, delta=delta, protect=metric is None)
+    if metric is not None:
+        db.protect("adult", dict(ADULT_POLICY, epsilon=epsilon, delta=delta, metric=metric))
+    db.close()
     users = str(directory / "users.toml")
-    for user, (eps, dlt) in allowances.items():
+    for user, amounts in allowances.items():
         accounts.add_user(users, user, PASSWORDS.get(user, user + "-pw"),
-                          allowances={"adult": (eps, dlt)})
+                          allowances={"adult": amounts})
     accounts.add_user(users, "owner", PASSWORDS["owner"], role="admin")
     return db_path, users
 

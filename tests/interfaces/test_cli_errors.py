@@ -243,7 +243,8 @@ def test_messages_name_the_problem_and_the_fix(f, capsys):
 # gives up after --lock-timeout with the lock's row of the error table
 LOCKED = [["budget", "{locked}"], ["ledger", "{locked}", "--json"],
           ["protect", "{locked}", "{bom_toml}"], ["run", "{locked}", "{good_sql}", *EPS],
-          ["explain", "{locked}", "{good_sql}", *EPS], ["shell", "{locked}", *EPS, "-e", Q]]
+          ["explain", "{locked}", "{good_sql}", *EPS], ["shell", "{locked}", *EPS, "-e", Q],
+          ["serve", "{locked}", "--port", "0"]]
 
 
 @pytest.fixture(scope="module")
@@ -272,7 +273,7 @@ def test_every_subcommand_with_a_lock_wait_has_a_locked_case():
     sub = next(a for a in cli.build_parser()._actions if a.dest == "command")
     waiting = {name for name, p in sub.choices.items()
                if any("--lock-timeout" in a.option_strings for a in p._actions)}
-    assert waiting == {"budget", "ledger", "protect", "run", "explain"}
+    assert waiting == {"budget", "ledger", "protect", "run", "explain", "serve"}
     assert {argv[0] for argv in LOCKED} == waiting | {"shell"}
 
 

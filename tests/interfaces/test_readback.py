@@ -117,3 +117,23 @@ def test_the_shell_reads_a_result_table(path):
     assert "together with the protected table adult" in done.stderr
     with dbapi.connect(path, epsilon=0.1, delta=1e-8) as c:
         assert len(c.session.ledger()) == 1
+
+
+def test_a_schema_probe_returns_the_declared_columns_and_no_row(conn):
+    """``SELECT * FROM t WHERE 1=0`` / ``LIMIT 0`` (JupySQL's ``%sqlcmd columns``, DBeaver,
+    Metabase) returns no row whatever the data: answered from the declared columns, free."""
+    cur = conn.cursor()
+    before = snapshot(conn.session)
+    cur.execute("SELECT * FROM adult WHERE 1=0")
+    assert cur.release is None and cur.fetchall() == [] and cur.rowcount == 0
+    assert [(d[0], d[1]) for d in cur.description] == [
+        ("age", "BIGINT"), ("sex", "VARCHAR"), ("race", "VARCHAR"), ("income", "VARCHAR"),
+        ("hours_per_week", "DOUBLE")]
+    cur.execute('SELECT "SEX", age FROM adult LIMIT 0')
+    assert [d[0] for d in cur.description] == ["sex", "age"] and cur.fetchall() == []
+    assert snapshot(conn.session) == before
+    for sql in ("SELECT * FROM adult WHERE age > 200", "SELECT undeclared FROM adult LIMIT 0",
+                "SELECT * FROM adult LIMIT 1"):
+        with pytest.raises(dbapi.Error):           # not a probe: refused as before
+            cur.execute(sql)
+    assert snapshot(conn.session) == before

@@ -69,10 +69,11 @@ def test_one_analyst_cannot_read_or_spend_what_belongs_to_another(server):
         before = alice.execute("SHOW dpsql.budget").fetchone()
         bob.execute("SELECT count(*) FROM adult WHERE age > 50")
         assert alice.execute("SHOW dpsql.budget").fetchone() == before
-        assert refused(bob, "SET dpsql.reuse = true").sqlstate == "42501"
+        assert refused(bob, "CALL dpsql.allow('bob', 'adult', '1', '1e-6')").sqlstate \
+            == "42501"
     with connect(server, "owner") as owner:
         ledger = owner.execute("SELECT analyst, result_tables FROM dpsql_ledger").fetchall()
-        assert ("alice", "alice_private") in ledger
+        assert ("alice", "@alice/alice_private") in ledger     # her namespace
         refusals = owner.execute("SELECT sqlstate FROM dpsql_audit WHERE analyst = 'bob' "
                                  "AND outcome = 'refused'").fetchall()
         assert ("42P01",) in refusals and ("42501",) in refusals
@@ -206,7 +207,7 @@ def test_a_client_that_leaves_mid_release_loses_nothing(server):
     assert len(outcome) == 1
     with connect(server, "owner") as owner:
         ledger = owner.execute("SELECT analyst FROM dpsql_ledger WHERE result_tables = "
-                               "'left_behind'").fetchall()
+                               "'@alice/left_behind'").fetchall()
     with connect(server, "alice") as again:
         names = {r[0] for r in again.execute(
             "SELECT table_name FROM information_schema.tables").fetchall()}
@@ -253,7 +254,7 @@ def test_cancel_requests_never_lose_a_charged_release(server):
             "SELECT table_name FROM information_schema.tables").fetchall()}
         with connect(server, "owner") as owner:
             charged = owner.execute("SELECT count(*) FROM dpsql_ledger WHERE result_tables = "
-                                    "'cancelled_maybe'").fetchone()[0]
+                                    "'@alice/cancelled_maybe'").fetchone()[0]
         assert charged == (1 if "cancelled_maybe" in names else 0)   # charged <=> written
 
 

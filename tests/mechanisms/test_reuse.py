@@ -210,6 +210,23 @@ def test_reuse_false_measures_afresh(db):
         db.answer(SEX_RACE, epsilon=0.5, delta=0, reuse="yes")
 
 
+def test_a_reuse_scope_limits_the_pool_to_its_releases(db):
+    """``Session.reuse_scope`` (the server's per-analyst pool): releases outside it never
+    answer a batch, in explain or answer; those inside it do."""
+    first = db.answer(SEX_RACE, epsilon=0.5, delta=0, strategy="identity")
+    db.reuse_scope = lambda: frozenset({first.release_id + 100})     # someone else's only
+    e = db.explain(SEX_RACE, epsilon=0.5, delta=0, strategy="identity")
+    assert e.free == () and e.reused_from == () and e.epsilon == 0.5
+    second = db.answer(SEX_RACE, epsilon=0.5, delta=0, strategy="identity")
+    assert db.budget("adult")["epsilon_spent"] == Fraction(1)
+    assert db.ledger()[-1]["reused_from"] is None
+    db.reuse_scope = lambda: frozenset({second.release_id})
+    e = db.explain(SEX_RACE, epsilon=0.5, delta=0, strategy="identity")
+    assert e.mechanism == "reuse" and e.reused_from == (second.release_id,)
+    db.answer(SEX_RACE, epsilon=0.5, delta=0, strategy="identity")
+    assert db.ledger()[-1]["reused_from"] == str(second.release_id)
+
+
 def test_a_too_costly_analysis_is_skipped_with_a_note_and_changes_nothing_else(db,
                                                                               monkeypatch):
     """Over its share of the planning memory the reuse analysis is not run: the batch is

@@ -51,6 +51,10 @@ def parse(sql):
 def test_quantile_forms_parse(sql, kind, q, name):
     (query,) = parse(sql)
     assert (query.quantile.kind, float(query.quantile.q), query.count_name) == (kind, q, name)
+    # scripts and the shell re-read sqlglot's DuckDB text of the statement (WITHIN GROUP
+    # comes back as QUANTILE_CONT(x, q ORDER BY x)): the same quantile, the same name
+    (again,) = parse(query.sql)
+    assert (again.quantile, again.count_name) == (query.quantile, query.count_name)
 
 
 @pytest.mark.parametrize("sql,words", [

@@ -8,6 +8,12 @@ journal before the release and settled after it, the result tables become the an
 own. Everything else (catalog, own results, budget) is answered by the shadow catalog,
 which holds no protected row.
 
+Result tables live in the analyst's own namespace (:mod:`dpsql.interfaces.server.names`:
+``CREATE TABLE t`` writes ``"@alice/t"``), so no analyst can overwrite another's tables or
+learn their names. Reuse (answers from past releases) draws only on the releases charged
+to this analyst (the Session's ``reuse_scope``). d_X (metric) releases are charged to the
+analyst's metric allowance.
+
 Workload markers are the DB-API's (:mod:`dpsql.sql.marker`): ``BEGIN WORKLOAD``, the
 statements of a block, ``COMMIT`` and ``ROLLBACK`` go to the DB-API cursor, so the block is
 the DB-API connection's (each statement checked before it is collected, one release at
@@ -18,19 +24,22 @@ or a driver's ``BEGIN`` is open.
 
 from __future__ import annotations
 
+import functools
 import traceback
 from fractions import Fraction
 
 from dpsql import errors as dp
 from dpsql.interfaces import dbapi
-from dpsql.interfaces.server import admin
+from dpsql.interfaces.server import admin, names
 from dpsql.interfaces.server import statements as st
 from dpsql.interfaces.server.accounts import Account
 from dpsql.interfaces.server.catalog import PublicViews
+from dpsql.interfaces.server.journal import ZERO, Spend
 from dpsql.interfaces.server.results import Failure, Notice, Result
 from dpsql.interfaces.server.shadow import Shadow
 from dpsql.release.support import InterruptedAfterRelease
 from dpsql.request.declared import SETTINGS, settings_for
+from dpsql.sql import bigquery
 from dpsql.sql import marker
 
 #: the command tag of each marker (PostgreSQL's)
@@ -48,12 +57,13 @@ class AnalystConnection:
         self.server = server
         self.account = account
         self.settings = {s.name: s.default for s in WIRE_SETTINGS.values()}
-        if not account.admin:
-            self.settings["reuse"] = False     # reuse would pool other analysts' releases
         self.driver_transaction = False    # a driver's BEGIN: only the status byte ('T')
         self.cancelled = self.running = False
         self._dbapi = dbapi.connect(server.db_path, delta=0, epsilon=1, create=False,
-                                    lock_timeout=server.lock_timeout, spark=server.spark)
+                                    spark=server.spark, **server.connection_settings)
+        if not account.admin:     # answers from past releases: only those this analyst paid
+            self._dbapi.session.reuse_scope = functools.partial(server.journal.paid_by,
+                                                                account.user)
         # own result tables are read from the shadow; a release statement that also names
         # another analyst's result table is refused as before, never saying it exists
         self._dbapi.read_results = False
@@ -74,6 +84,7 @@ class AnalystConnection:
         (one release); inside a block each is collected."""
         out: list = []
         pending: list[str] = []
+        self.views.refresh_shared()      # a share given or taken back meanwhile
         for text in st.split(sql) or [""]:
             k = st.kind(text, self.views.protected(), self.views.visible())
             if k == "release" and not self.in_block:
@@ -98,14 +109,22 @@ class AnalystConnection:
     def _with_notices(self, outcomes: list) -> list:
         """The DB-API connection's new notices, then ``outcomes``."""
         notices, self._dbapi.notices[:] = list(self._dbapi.notices), []
-        return [Notice(n) for n in notices] + outcomes
+        return [Notice(self._own(n)) for n in notices] + outcomes
+
+    def _own(self, text: str) -> str:
+        """A message as the analyst reads it: their tables under their own names."""
+        return names.unprefixed(self.account.user, text)
+
+    def _refusal(self, exc: BaseException) -> Failure:
+        failure = _refusal(exc)
+        return Failure(failure.sqlstate, self._own(failure.message))
 
     def statement(self, text: str, k: str):
         """One statement's outcome (a release statement inside a workload block is held)."""
         try:
             outcome = self._dispatch(text, k)
         except (Exception, dp.RequestCancelled) as exc:
-            outcome = _refusal(exc)
+            outcome = self._refusal(exc)
         self.server.audit(self.account.user, k, text, outcome)
         return outcome
 
@@ -115,7 +134,7 @@ class AnalystConnection:
         if k == "marker":
             return self._marker(st.marker_of(text))
         if k == "release":      # inside a block (outside, run() makes them one release)
-            return self._collect(text)
+            return self._collect(self._rewrite(text))
         if k == "set":
             return self._set_statement(text)
         if k == "show":
@@ -192,12 +211,7 @@ class AnalystConnection:
         if name not in WIRE_SETTINGS:
             known = ", ".join(f"dpsql.{n}" for n in WIRE_SETTINGS)
             raise dp.PrivacyParameterError(f"unknown setting dpsql.{name}; settings are {known}")
-        parsed = SETTINGS[name].parse(value, "script")
-        if name == "reuse" and parsed and not self.account.admin:
-            raise dp.AccessDenied("dpsql.reuse is off on the server: past releases are "
-                                  "shared by every analyst, so answers from them are not "
-                                  "yours to read")
-        self.settings[name] = parsed
+        self.settings[name] = SETTINGS[name].parse(value, "script")
 
     # ---------------------------------------------------------------- releases
     def _configured(self) -> dbapi.Connection:
@@ -211,11 +225,15 @@ class AnalystConnection:
         self._dbapi.configure(**self.settings)
         return self._dbapi
 
+    def _rewrite(self, text: str) -> str:
+        """The statement with its result table in this analyst's namespace."""
+        return names.rewrite(text, self.account.user, self.views.protected())
+
     def _explain(self, sql: str):
         conn = self._configured()
-        explanation = conn.cursor().explain(sql)
+        explanation = conn.cursor().explain(self._rewrite(sql))
         self._granted(explanation.table)
-        lines = str(explanation).splitlines()
+        lines = self._own(str(explanation)).splitlines()
         return Result.table(["QUERY PLAN"], ["VARCHAR"], [[ln] for ln in lines], "EXPLAIN")
 
     def _granted(self, table: str, note: str = "") -> None:
@@ -223,28 +241,42 @@ class AnalystConnection:
             raise dp.AccessDenied(f"table {table!r} is not granted to {self.account.user!r}; "
                                   f"the data owner gives an allowance in the users file{note}")
 
-    def _cost(self, conn, sql: str) -> tuple[str, Fraction, Fraction]:
-        """(table, ε, δ) the release may charge: the settings, or an accuracy target's ε."""
-        policy, _ = conn.session._parse(sql, conn.session.policies())
+    def _cost(self, conn, sql: str) -> tuple[str, Spend]:
+        """(table, cost) the release may charge: the settings' ε and δ, an accuracy
+        target's ε, or (d_X) the metric ε per unit distance; its result tables checked to be
+        in this analyst's namespace."""
+        policy, queries = conn.session._parse(sql, conn.session.policies())
         self._granted(policy.table)
-        if self.settings["model"] == "metric" and not self.account.admin:
-            raise dp.AccessDenied("metric (d_X) releases are charged to the table's metric "
-                                  "budget, which has no per-analyst allowance yet: ask the "
-                                  "data owner")
-        eps = self.settings["epsilon"]
+        names.check_targets(self.account.user, queries)
+        asked = self._asked(sql)
+        eps = asked["epsilon"]
         if eps is None:                  # an accuracy target: the epsilon it will spend
             eps = conn.cursor().explain(sql).epsilon
         eps = Fraction(repr(eps)) if isinstance(eps, float) else Fraction(eps)
-        return policy.table, eps, Fraction(self.settings["delta"])
+        if asked["model"] == "metric":     # the table's d_X budget only
+            return policy.table, Spend(metric=eps)
+        return policy.table, Spend(eps, Fraction(asked["delta"]))
+
+    def _asked(self, sql: str) -> dict:
+        """This connection's settings with the statement's ``WITH DIFFERENTIAL_PRIVACY
+        OPTIONS (...)`` in their place: the DB-API cursor releases with those (they win over
+        a connection's settings), so the allowance is reserved for what will be charged."""
+        asked = dict(self.settings)
+        for _, name, raw, *_ in bigquery.options(sql):
+            if name in WIRE_SETTINGS:
+                asked[name] = SETTINGS[name].parse(raw, "script")
+        return asked
 
     def _release(self, texts: list[str], execute: str | None = None) -> list:
         """Release ``texts`` as one workload (``execute``: what the DB-API cursor runs for
         it, "COMMIT" for an open block; by default the texts)."""
         sql = ";\n".join(t.strip().rstrip(";").strip() for t in texts)
         try:
+            if execute is None:          # the client's texts: result tables in its namespace
+                sql = ";\n".join(self._rewrite(t).strip().rstrip(";").strip() for t in texts)
             return self._charged(sql, execute or sql)
         except (Exception, dp.RequestCancelled) as exc:
-            outcome = _refusal(exc)
+            outcome = self._refusal(exc)
         self.server.audit(self.account.user, "release", sql, outcome)
         return [outcome]
 
@@ -257,9 +289,9 @@ class AnalystConnection:
 
     def _spend(self, sql: str, execute: str) -> list:
         conn = self._configured()
-        table, eps, dlt = self._cost(conn, sql)
+        table, cost = self._cost(conn, sql)
         journal = self.server.journal
-        rid = journal.reserve(self.account, table, eps, dlt)
+        rid = journal.reserve(self.account, table, cost)
         cur = conn.cursor()
         try:
             if self.cancelled:
@@ -274,10 +306,10 @@ class AnalystConnection:
             journal.settle(rid, self.account, table)      # refused or cancelled: nothing charged
             raise
         except BaseException:
-            journal.settle(rid, self.account, table, eps, dlt)   # unknown: count it spent
+            journal.settle(rid, self.account, table, cost)   # unknown: count it spent
             raise
-        free = release.reused or release.epsilon == 0
-        journal.settle(rid, self.account, table, 0 if free else eps, 0 if free else dlt,
+        free = release.reused or (release.epsilon == 0 and cost.metric == 0)
+        journal.settle(rid, self.account, table, ZERO if free else cost,
                        release.release_id, release.tables)
         outcomes = [self.views.add_result(t) for t in release.results]
         self.server.audit(self.account.user, "release", sql,

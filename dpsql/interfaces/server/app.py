@@ -23,12 +23,20 @@ import socketserver
 import ssl
 import threading
 
-from dpsql.errors import InputFileError, UsageError
-from dpsql.interfaces.server.accounts import Journal, load_users
+from dpsql.errors import UsageError, check_database_path
+from dpsql.interfaces.server.accounts import load_users
+from dpsql.interfaces.server.journal import Journal
 from dpsql.interfaces.server.connection import Handler
 from dpsql.interfaces.server.results import Failure
+from dpsql.interfaces.exits import lock_notice
+from dpsql.request.declared import CONNECTION_SETTINGS, SPARK_SETTINGS, settings_for
+from dpsql.session import Session
 from dpsql.store import served
 
+#: the connection settings the server passes to every analyst's connection (the command
+#: line's --lock-timeout, --max-memory, --time-limit: generated from the declaration)
+SERVED_SETTINGS = tuple(s.name for s in settings_for("cli", CONNECTION_SETTINGS)
+                        if s.name not in SPARK_SETTINGS)     # Spark: one link, shared
 DEFAULT_PORT = 5433
 DEFAULT_MAX_CONNECTIONS = 64
 
@@ -42,19 +50,26 @@ class Server(socketserver.ThreadingTCPServer):
     def __init__(self, db_path: str, users_path: str, *, host: str = "127.0.0.1",
                  port: int = DEFAULT_PORT, certificate: str | None = None,
                  key: str | None = None, require_tls: bool = False,
-                 max_connections: int = DEFAULT_MAX_CONNECTIONS, lock_timeout: float = 30.0,
-                 spark=None):
-        if not os.path.exists(db_path):
-            raise InputFileError(f"database {db_path!r} does not exist; create it and "
-                                 "protect a table first")
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS, spark=None,
+                 **connection):
+        """``connection``: the connection settings every analyst's DB-API connection gets
+        (:data:`dpsql.request.declared.CONNECTION_SETTINGS`: lock_timeout, max_memory,
+        time_limit), parsed by their declared parsers."""
+        check_database_path(db_path, False, "create it and protect a table first")
         self.db_path = os.path.abspath(db_path)
         served.check(self.db_path)                     # a second server on a served file
+        unknown = set(connection) - set(SERVED_SETTINGS)
+        if unknown:
+            raise UsageError(f"unknown connection setting(s) {sorted(unknown)}; the server "
+                             f"takes {', '.join(SERVED_SETTINGS)}")
+        self.connection_settings = {name: CONNECTION_SETTINGS[name].parse(value)
+                                    for name, value in connection.items() if value is not None}
+        self._opens()
         self.users_path = users_path
         load_users(users_path)                         # refuse a bad file at start
         self.journal = Journal(self.db_path + ".analysts.jsonl")
         self.audit_path = self.db_path + ".audit.jsonl"
         self._audit_lock = threading.Lock()
-        self.lock_timeout = lock_timeout
         #: the one way to Spark every connection shares (a dpsql.session.spark_link), or None
         self.spark = spark
         self.max_connections = max_connections
@@ -71,6 +86,17 @@ class Server(socketserver.ThreadingTCPServer):
         except OSError as exc:
             raise UsageError(f"cannot listen on {host}:{port} ({exc.strerror or exc}); "
                              "choose another --host or --port") from None
+
+    def _opens(self) -> None:
+        """Open the file once, as every connection will: refused at start (after
+        ``--lock-timeout``, the error table's busy row) while another process holds it."""
+        lock = self.connection_settings.get("lock_timeout",
+                                            CONNECTION_SETTINGS["lock_timeout"].default)
+        session = Session(self.db_path, lock_timeout=lock, on_lock_wait=lock_notice())
+        try:
+            session.policies()
+        finally:
+            session.close()
 
     @property
     def address(self) -> str:

@@ -1,8 +1,11 @@
 """What an analyst may see besides releases, kept in the connection's shadow catalog.
 
-Protected tables (declared columns only, no rows), the analyst's own result tables,
-``dpsql_budget`` (their allowance of each granted table: spent and remaining), and for the
-data owner ``dpsql_ledger`` (every release and which analyst it was charged to). ``SHOW``
+Protected tables (declared columns only, no rows), the analyst's own result tables (under
+the names they gave: :func:`dpsql.interfaces.server.names.logical`), the tables other
+analysts shared with them (``owner.name``, read only; copied again whenever the journal
+says a share changed or a shared table was written again), ``dpsql_budget`` (their
+allowance of each granted table: spent and remaining ε, δ and metric ε), and for the data
+owner ``dpsql_ledger`` (every release, which analyst it was charged to). ``SHOW``
 answers settings, the budget and the few driver parameters PostgreSQL clients ask for.
 """
 
@@ -15,6 +18,8 @@ from fractions import Fraction
 import duckdb
 
 from dpsql import errors as dp
+from dpsql.interfaces.server import names
+from dpsql.interfaces.server.journal import ZERO, Spend
 from dpsql.interfaces.server.results import Result
 from dpsql.interfaces.server.shadow import SERVER_VERSION
 from dpsql.store.shadow import sql_type
@@ -22,7 +27,10 @@ from dpsql.store.database import quote_ident
 from dpsql.store.ledger import is_result_table
 
 BUDGET_COLUMNS = ("table_name", "epsilon_allowance", "epsilon_spent", "epsilon_remaining",
-                  "delta_allowance", "delta_spent", "delta_remaining")
+                  "delta_allowance", "delta_spent", "delta_remaining",
+                  "metric_epsilon_allowance", "metric_epsilon_spent",
+                  "metric_epsilon_remaining")
+BUDGET_TYPES = ["VARCHAR"] + ["DOUBLE"] * 9
 #: what PostgreSQL clients ask with SHOW on connect
 DRIVER_PARAMETERS = {
     "transaction isolation level": "read committed", "transaction_isolation": "read committed",
@@ -40,7 +48,13 @@ class PublicViews:
         for policy in self.policies.values():
             if account.may_use(policy.table):
                 shadow.protected(policy)
-        self._load_own_results()
+        self._seen = None            # the journal's shared_version the copies are of
+        self._shared: list = []      # (schema, name) of the shared tables in the shadow
+        journal, user = server.journal, account.user
+        with session.db.connect() as con:
+            for table in journal.owned(user):
+                self._copy(con, table, names.logical(user, table))
+        self.refresh_shared()
         self.refresh_budget()
 
     def protected(self) -> set:
@@ -49,16 +63,33 @@ class PublicViews:
     def visible(self) -> set:
         return self.shadow.tables
 
-    def _load_own_results(self) -> None:
-        names = self.server.journal.owned(self.account.user)
+    def refresh_shared(self) -> None:
+        """Copy the tables shared with the analyst into the shadow (as ``owner.name``) when
+        what is shared with them changed since the last copy."""
+        journal, user = self.server.journal, self.account.user
+        if journal.shared_version(user) == self._seen:
+            return
+        self._seen = journal.shared_version(user)
+        shared = journal.shared_with(user)
+        for schema, name in self._shared:
+            self.shadow.drop(name, schema)
+        self._shared = []
+        if not shared:
+            return
         with self.session.db.connect() as con:
-            for name in names:
-                if not is_result_table(con, name):
-                    continue
-                cur = con.execute(f"SELECT * FROM {quote_ident(name)}")
-                cols = [(d[0], str(d[1])) for d in cur.description]
-                self.shadow.table(name, [c for c, _ in cols], cur.fetchall(),
-                                  [t for _, t in cols])
+            for owner, table in shared:
+                schema, name = owner, names.logical(owner, table)
+                if self._copy(con, table, name, schema):
+                    self._shared.append((schema, name))
+
+    def _copy(self, con, table: str, name: str, schema: str | None = None) -> bool:
+        if not is_result_table(con, table):
+            return False
+        cur = con.execute(f"SELECT * FROM {quote_ident(table)}")
+        cols = [(d[0], str(d[1])) for d in cur.description]
+        self.shadow.table(name, [c for c, _ in cols], cur.fetchall(), [t for _, t in cols],
+                          schema=schema)
+        return True
 
     def add_result(self, result_table) -> Result:
         """A release's result table: shown as the statement's rows and kept as own."""
@@ -67,44 +98,50 @@ class PublicViews:
         for i in range(max(0, len(cols) - 4), len(cols)):
             types[i] = "DOUBLE"
         types = [t or sql_type(result_table.rows, i) for i, t in enumerate(types)]
-        self.shadow.table(result_table.name, cols, result_table.rows, types)
+        self.shadow.table(names.logical(self.account.user, result_table.name), cols,
+                          result_table.rows, types)
         return Result.table(cols, types, result_table.rows)
 
     # ---------------------------------------------------------------- budget and ledger
     def budget_rows(self) -> list:
+        """Per granted table: allowance, spent, remaining of ε, δ and metric ε (the
+        remaining also capped by what is left of the table's budgets; the metric columns
+        NULL when the table has no metric budget)."""
         rows = []
-        budgets = self.session.budget()
-        for table, b in sorted(budgets.items()):
+        for table, b in sorted(self.session.budget().items()):
             if not self.account.may_use(table):
                 continue
-            table_left = (Fraction(b["epsilon_remaining"]), Fraction(b["delta_remaining"]))
+            metric = "metric_epsilon_limit" in b
+            left = _spend(b, "remaining", metric)
             if self.account.admin:
-                allowance = (Fraction(b["epsilon_limit"]), Fraction(b["delta_limit"]))
-                spent = (Fraction(b["epsilon_spent"]), Fraction(b["delta_spent"]))
+                allowance, spent = _spend(b, "limit", metric), _spend(b, "spent", metric)
             else:
-                a = self.account.allowances[table]
-                allowance = (a.epsilon, a.delta)
+                allowance = self.account.allowances[table].spend
                 spent = self.server.journal.used(self.account.user, table)
-            left = [max(Fraction(0), min(allowance[i] - spent[i], table_left[i]))
-                    for i in range(2)]
-            rows.append([table, float(allowance[0]), float(spent[0]), float(left[0]),
-                         float(allowance[1]), float(spent[1]), float(left[1])])
+            row = [table]
+            for i, (have, used, rest) in enumerate(zip(allowance, spent, left)):
+                if i == 2 and not metric:
+                    row += [None, None, None]
+                    continue
+                mine = max(Fraction(0), min(have - used, rest))
+                row += [float(have), float(used), float(mine)]
+            rows.append(row)
         return rows
 
     def refresh_budget(self) -> None:
-        self.shadow.table("dpsql_budget", BUDGET_COLUMNS, self.budget_rows(),
-                          ["VARCHAR"] + ["DOUBLE"] * 6)
+        self.shadow.table("dpsql_budget", BUDGET_COLUMNS, self.budget_rows(), BUDGET_TYPES)
         if self.account.admin:
             entries = self.session.ledger()
             users = self.server.journal.releases
             cols = ["release_id", "analyst", "table_name", "epsilon", "delta", "mechanism",
-                    "strategy", "status", "sql_text", "result_tables"]
+                    "strategy", "status", "sql_text", "result_tables", "metric_epsilon"]
             rows = [[e["release_id"], users.get(int(e["release_id"])), e["table_name"],
                      e["epsilon"], e["delta"], e["mechanism"], e["strategy"], e["status"],
-                     e["sql_text"], ", ".join(e["result_tables"] or [])] for e in entries]
+                     e["sql_text"], ", ".join(e["result_tables"] or []),
+                     e.get("metric_epsilon")] for e in entries]
             self.shadow.table("dpsql_ledger", cols, rows,
                               ["BIGINT", "VARCHAR", "VARCHAR", "DOUBLE", "DOUBLE"]
-                              + ["VARCHAR"] * 5)
+                              + ["VARCHAR"] * 5 + ["DOUBLE"])
             self._audit()
 
     def _audit(self) -> None:
@@ -139,8 +176,7 @@ class PublicViews:
 
     def show(self, name: str, settings: dict) -> Result:
         if name in ("dpsql.budget", "dpsql_budget"):
-            return Result.table(BUDGET_COLUMNS, ["VARCHAR"] + ["DOUBLE"] * 6,
-                                self.budget_rows(), "SHOW")
+            return Result.table(BUDGET_COLUMNS, BUDGET_TYPES, self.budget_rows(), "SHOW")
         if name.startswith("dpsql."):
             key = name[len("dpsql."):]
             if key not in settings:
@@ -158,3 +194,10 @@ class PublicViews:
 
     def close(self) -> None:
         self.shadow.close()
+
+
+def _spend(budget: dict, which: str, metric: bool) -> Spend:
+    """A table's ``limit``, ``spent`` or ``remaining`` (ε, δ, metric ε) from
+    :meth:`dpsql.session.Session.budget`."""
+    return Spend(Fraction(budget[f"epsilon_{which}"]), Fraction(budget[f"delta_{which}"]),
+                 Fraction(budget[f"metric_epsilon_{which}"]) if metric else ZERO.metric)

@@ -5,8 +5,10 @@ recognised by :mod:`dpsql.sql.marker`, the one recognition, and handled by the D
 connection's workload block); ``set`` and ``show``
 (``dpsql.*`` settings through the one declaration; the driver settings PostgreSQL clients
 send are accepted and ignored); ``explain``; ``noop`` (DISCARD, DEALLOCATE, ...);
-``release`` (reads a protected table: only through a charged release); ``public``
-(catalog, one's own result tables, ``dpsql_budget``: the shadow catalog);
+``release`` (reads a protected table: only through a charged release, except a schema
+probe, :mod:`dpsql.sql.probe`, which the shadow's empty table answers); ``public``
+(catalog, one's own result tables, tables shared with one as ``owner.name``,
+``dpsql_budget``: the shadow catalog);
 ``denied`` (any other table: another analyst's results, dpsql's internal tables).
 """
 
@@ -19,6 +21,7 @@ from sqlglot import exp
 from sqlglot.tokens import TokenType
 
 from dpsql.sql import marker
+from dpsql.sql.probe import probe
 
 _WORD = re.compile(r"\s*([A-Za-z_]+)")
 _SET = re.compile(r"^\s*SET\s+(?:SESSION\s+|LOCAL\s+)?([A-Za-z_][\w.]*)\s*(?:=|\bTO\b)\s*(.*?)"
@@ -122,12 +125,15 @@ def _reads(sql: str, protected: set, visible: set) -> str:
         catalog = ("pg_catalog" in low or "information_schema" in low)
         return "public" if catalog and not (words & protected) else "release"
     names = {name for _, name in tables}
-    if names & protected:
-        return "release"
+    if names & protected:     # a schema probe (WHERE 1=0, LIMIT 0) returns no row: the
+        asked = probe(sql, "postgres")          # shadow's empty table answers it
+        return "public" if asked is not None and asked.table in protected else "release"
     if first_word(sql) not in ("SELECT", "WITH", "TABLE", "VALUES"):
         return "release" if first_word(sql) == "CREATE" else "unsupported"
     for schema, name in tables:
         if schema in PUBLIC_SCHEMAS or (schema in ("", "main", "public") and name in visible):
+            continue
+        if schema and f"{schema}.{name}" in visible:      # shared with this analyst
             continue
         if schema == "" and (name.startswith("pg_") or name.startswith("duckdb_")):
             continue
@@ -137,6 +143,7 @@ def _reads(sql: str, protected: set, visible: set) -> str:
 
 def denied_name(sql: str, visible: set) -> str:
     for schema, name in sorted(tables_of(sql) or ()):
-        if schema not in PUBLIC_SCHEMAS and name not in visible:
-            return f"{schema}.{name}" if schema else name
+        qualified = f"{schema}.{name}" if schema else name
+        if schema not in PUBLIC_SCHEMAS and name not in visible and qualified not in visible:
+            return qualified
     return "?"

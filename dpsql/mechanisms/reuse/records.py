@@ -91,9 +91,10 @@ def store(con, policy, record: Record, private: bool) -> None:
                      record.y.astype("<f8").tobytes()])
 
 
-def load(con, policy, private: bool) -> list[Record]:
+def load(con, policy, private: bool, releases: frozenset | None = None) -> list[Record]:
     """The released measurements of ``policy``'s table over the same declared domains, from
-    releases of the same kind (private sampler or test sampler), oldest first. A row that does
+    releases of the same kind (private sampler or test sampler), oldest first; only those of
+    ``releases`` when given (the server: the releases one analyst paid for). A row that does
     not decode consistently is skipped (it can only lose a free answer, never make one up)."""
     with engine_errors("reading stored measurements"):
         exists = con.execute(
@@ -110,6 +111,8 @@ def load(con, policy, private: bool) -> list[Record]:
              bool(private)]).fetchall()
     out = []
     for rid, parts, noise, scale, blob, yb in rows:
+        if releases is not None and int(rid) not in releases:
+            continue
         try:
             partitions = tuple((c, np.asarray(u, dtype=np.int64)) for c, u in json.loads(parts))
             A = sp.load_npz(io.BytesIO(bytes(blob))).tocsr()
