@@ -72,3 +72,13 @@ class ServerProcess:
         """Stop it (SIGTERM, as systemd does); its standard error."""
         self.proc.terminate()
         return self.proc.communicate()[1]
+
+
+def refused(conn, sql):
+    """The error a statement over the wire is refused with (psycopg raises it)."""
+    import psycopg
+    import pytest
+
+    with pytest.raises(psycopg.Error) as info:
+        conn.execute(sql)
+    return info.value

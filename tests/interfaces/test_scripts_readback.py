@@ -9,9 +9,10 @@ import pytest
 
 import dpsql
 from dpsql.errors import WorkloadBlockError
-from dpsql.interfaces import cli, scripts
+from dpsql.interfaces import scripts
 
 from ..conftest import make_adult_db, snapshot
+from .test_scripts import run_cli, write  # one copy of the script-running helpers
 
 REPORT = """SET dpsql.epsilon = 0.1; SET dpsql.delta = 1e-6;
 CREATE TABLE by_race AS SELECT race, count(*) FROM adult GROUP BY race;
@@ -24,18 +25,6 @@ SELECT count(*) FROM adult WHERE age > 50;
 def db_path(tmp_path):
     path = str(tmp_path / "adult.duckdb")
     make_adult_db(path, epsilon=1.0, delta=1e-5).close()
-    return path
-
-
-def run_cli(capsys, *args):
-    code = cli.main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def write(tmp_path, text, name="report.sql"):
-    path = tmp_path / name
-    path.write_text(text)
     return path
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.interfaces.server_support import ServerProcess, make_database
+from tests.interfaces.server_support import ServerProcess, make_database, refused
 
 psycopg = pytest.importorskip("psycopg")
 
@@ -28,12 +28,6 @@ def server(tmp_path_factory):
 def connect(server, user, **options):
     opts = {"epsilon": "0.01", "delta": "1e-8"} | options
     return psycopg.connect(server.dsn(user, **opts), autocommit=True)
-
-
-def refused(conn, sql):
-    with pytest.raises(psycopg.Error) as info:
-        conn.execute(sql)
-    return info.value
 
 
 def budget(conn) -> tuple:

@@ -15,7 +15,7 @@ import duckdb
 import pytest
 
 from tests.conftest import raw_adult_file
-from tests.interfaces.server_support import PASSWORDS, ServerProcess, make_database
+from tests.interfaces.server_support import PASSWORDS, ServerProcess, make_database, refused
 
 psycopg = pytest.importorskip("psycopg")
 
@@ -31,12 +31,6 @@ def server(tmp_path_factory):
 def connect(server, user, **options):
     opts = {"epsilon": "0.02", "delta": "1e-8"} | options
     return psycopg.connect(server.dsn(user, **opts), autocommit=True)
-
-
-def refused(conn, sql):
-    with pytest.raises(psycopg.Error) as info:
-        conn.execute(sql)
-    return info.value
 
 
 # --------------------------------------------------------------------------- logins
