@@ -202,30 +202,38 @@ def marginals(spark, source, table: str, columns, cliques, *, cap=None, types=No
 def open_session(master: str | None = None, remote: str | None = None):
     """``(session, started)``: a Spark session for dpsql on ``master`` (``local[2]``,
     ``spark://host:7077``) or over Spark Connect at ``remote`` (``sc://host:15002``), and
-    whether dpsql started it (a session already running in this process is used as it is,
-    and left running). Logs and the console progress bar are off on a session dpsql starts
-    (a failed task's log could quote a value)."""
+    whether dpsql started it (a classic session already running in this process is used as
+    it is, and left running). Logs and the console progress bar are off on a classic session
+    dpsql starts (a failed task's log could quote a value); a Connect server's are its own.
+
+    Over Spark Connect the session is always a new one, on the server named: the generic
+    builder's ``getOrCreate`` would hand back any Connect session already active in the
+    process, whatever its server (which dpsql would then read and stop), refuses while a
+    classic Spark context runs in the process, and switches the process to Connect mode for
+    good (no classic session can be built in it after)."""
     try:
         from pyspark.sql import SparkSession
     except ImportError:
         raise EngineError("reading a Spark table needs pyspark: pip install 'dpsql[spark]'") \
             from None
-    builder = SparkSession.builder.appName("dpsql")
-    builder = builder.remote(remote) if remote else builder.master(master)
-    for key, value in {**FIXED, "spark.ui.showConsoleProgress": "false",
-                       "spark.log.level": "OFF"}.items():
-        builder = builder.config(key, value)
-    where = remote or master
     # a SparkContext already running in this process is the caller's: used, never stopped
     from pyspark import SparkContext
 
     running = not remote and SparkContext._active_spark_context is not None
+    settings = FIXED if remote else {**FIXED, "spark.ui.showConsoleProgress": "false",
+                                     "spark.log.level": "OFF"}
     try:
-        return builder.getOrCreate(), not running
+        if remote:
+            from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+            return ConnectSession.builder.remote(remote).appName("dpsql").config(
+                map=settings).create(), True
+        return SparkSession.builder.master(master).appName("dpsql").config(
+            map=settings).getOrCreate(), not running
     except ImportError:
         raise EngineError("Spark Connect needs its client libraries: pip install "
                           "'pyspark[connect]'") from None
     except Exception as exc:
-        raise EngineError(f"could not start a Spark session at {where} "
+        raise EngineError(f"could not start a Spark session at {remote or master} "
                           f"({type(exc).__name__}); check the URL, and that Java 17 is "
                           "installed (java -version)") from None
