@@ -20,8 +20,9 @@ import threading
 from typing import Sequence
 
 from dpsql import cancel
-from dpsql.errors import PolicyError, UnknownTableError, check_database_path
+from dpsql.errors import PolicyError, UnknownTableError, UsageError, check_database_path
 from dpsql.kernel.boundary import Kernel
+from dpsql.kernel.data import SparkLink
 from dpsql.policy.policy import TablePolicy, load_policy
 from dpsql.release import mechanism
 from dpsql.release import path as release_path
@@ -43,16 +44,24 @@ class Session:
     """A dpsql connection to one DuckDB database. Create it with :func:`dpsql.connect`."""
 
     def __init__(self, path: str = ":memory:", *, lock_timeout: float = 30.0, sampler=None,
-                 reuse: bool = True, on_lock_wait=None):
+                 reuse: bool = True, on_lock_wait=None, spark=None,
+                 spark_master: str | None = None, spark_remote: str | None = None):
         """``reuse``: the default of :meth:`answer`'s and :meth:`explain`'s ``reuse``.
         ``on_lock_wait(holder, remaining)``: called about once per second while another
-        process holds the database (:class:`dpsql.store.database.Database`)."""
+        process holds the database (:class:`dpsql.store.database.Database`).
+
+        Tables whose policy names a Spark source (docs/spark.md) are read through ``spark``
+        (a ``SparkSession``, left running at :meth:`close`), or a session dpsql starts on
+        first use on ``spark_master`` (``local[2]``, ``spark://host:7077``) or over Spark
+        Connect at ``spark_remote`` (``sc://host:15002``) and stops at :meth:`close`."""
         self.reuse = SETTINGS["reuse"].parse(reuse)
+        self.spark = _spark_link(spark, spark_master, spark_remote)
         #: None, or a callable giving the release ids answers may be built from (reuse):
         #: the server limits each analyst to the releases charged to them
         self.reuse_scope = None
         self.db = engine.Database(path, lock_timeout=lock_timeout, on_lock_wait=on_lock_wait)
-        self.kernel = Kernel(sampler)
+        self.kernel = Kernel(sampler, spark=self.spark)
+        self._own_spark = self.spark is not None and not isinstance(spark, SparkLink)
         self._running: set = set()          # the tokens of requests in flight
         self._running_lock = threading.Lock()
 
@@ -89,6 +98,10 @@ class Session:
             raise PolicyError("protect() needs the table name as a string")
         tp = load_policy(policy, table)[table.lower()]
         with self.db.connect() as con:
+            if tp.source.spark:         # names and types from Spark's catalog, never values
+                self.kernel.check_source(con, tp)
+                ledger.save_policy(con, tp, replace=replace)
+                return tp
             if not engine.table_exists(con, tp.table):
                 raise UnknownTableError(f"there is no table {tp.table!r} in the database to "
                                         "protect; load the data first, or check the name")
@@ -246,6 +259,8 @@ class Session:
 
     def close(self) -> None:
         self.db.close()
+        if self._own_spark:
+            self.spark.close()
 
     def __enter__(self) -> "Session":
         return self
@@ -269,9 +284,34 @@ class Session:
         return release_path.explain(Public(None, policies, self.kernel.private), ask)
 
 
+def _spark_link(spark, master, remote) -> SparkLink | None:
+    """The kernel's way to Spark: the caller's session or link, or one to start on first
+    use from the (checked) connection settings ``spark_master`` / ``spark_remote``."""
+    master = CONNECTION_SETTINGS["spark_master"].parse(master)
+    remote = CONNECTION_SETTINGS["spark_remote"].parse(remote)
+    given = [name for name, v in (("spark", spark), ("spark_master", master),
+                                  ("spark_remote", remote)) if v is not None]
+    if len(given) > 1:
+        raise UsageError(f"{' and '.join(given)} are both given; reach Spark one way: a "
+                         "session (spark=), a master URL or a Spark Connect URL")
+    if spark is not None:
+        return spark if isinstance(spark, SparkLink) else SparkLink(spark)
+    if master is None and remote is None:
+        return None
+    return SparkLink(master=master, remote=remote)
+
+
+def spark_link(master: str | None = None, remote: str | None = None) -> SparkLink | None:
+    """A way to Spark that several sessions share (the server's): started on first use,
+    stopped by its ``close()``, never by a session's."""
+    return _spark_link(None, master, remote)
+
+
 def connect(path: str = ":memory:", *, create: bool = False, **kwargs) -> Session:
-    """Open a dpsql session on a DuckDB database file. A path that does not exist is
-    refused (a typo would silently become a new, empty database) unless ``create=True``;
-    ``:memory:`` is always fine."""
+    """Open a dpsql session on a DuckDB database file (the control database: ledger,
+    caches, result tables, and the protected tables that live in DuckDB). A path that does
+    not exist is refused (a typo would silently become a new, empty database) unless
+    ``create=True``; ``:memory:`` is always fine. ``spark=SparkSession`` (or
+    ``spark_master=`` / ``spark_remote=``) reaches the tables that live in Spark."""
     check_database_path(os.fspath(path), CONNECTION_SETTINGS["create"].parse(create))
     return Session(path, **kwargs)

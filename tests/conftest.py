@@ -90,3 +90,33 @@ def snapshot(db) -> tuple:
             "SELECT schema_name || '.' || table_name FROM duckdb_tables()").fetchall())
     return (tuple(tuple(sorted((k, str(v)) for k, v in e.items())) for e in db.ledger()),
             tuple(tables))
+
+
+# --------------------------------------------------------------------------- Spark
+#: the one Spark session of a test run (every Spark test shares it: one JVM, started once)
+SPARK_PARTITIONS = 2
+
+
+@pytest.fixture(scope="session")
+def spark_session(tmp_path_factory):
+    """A local[2] Spark session with two shuffle partitions, started on first use and
+    stopped at the end of the run. Skipped (saying why) without pyspark or Java."""
+    import shutil
+
+    pytest.importorskip("pyspark", reason="pyspark is not installed (pip install -e '.[test]')")
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        pytest.skip("Java 17 is not installed (Debian: apt-get install openjdk-17-jre-headless)")
+    from pyspark.sql import SparkSession
+
+    warehouse = tmp_path_factory.mktemp("spark-warehouse")
+    spark = (SparkSession.builder.master(f"local[{SPARK_PARTITIONS}]").appName("dpsql-tests")
+             .config("spark.sql.shuffle.partitions", str(SPARK_PARTITIONS))
+             .config("spark.default.parallelism", str(SPARK_PARTITIONS))
+             .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.log.level", "OFF")
+             .config("spark.sql.warehouse.dir", str(warehouse))
+             .config("spark.driver.extraJavaOptions", f"-Dderby.system.home={warehouse}")
+             .getOrCreate())
+    yield spark
+    spark.stop()

@@ -4,6 +4,7 @@
     dpsql demo [--db PATH]
     dpsql shell DB [-e SQL] [-f FILE] [--csv] [--epsilon E] [--delta D]
     dpsql protect DB POLICY.toml [--table T] [--replace] [--lock-timeout SECONDS]
+                                 [--spark-master URL | --spark-remote sc://HOST:PORT]
     dpsql run DB SCRIPT.sql [--epsilon E | --target-rmse R | --max-stderr S] [--delta D]
                             [--strategy S] [--calibration C] [--model dp|metric]
                             [--confirm] [--nonnegative] [--integer] [--no-reuse]
@@ -14,6 +15,10 @@
     dpsql ledger DB [--json] [--lock-timeout SECONDS]
     dpsql serve DB [--port 5433] [--users USERS.toml]     (docs/server.md)
     dpsql user add|passwd|remove USERS.toml NAME
+
+Every command that opens a database takes ``--spark-master URL`` or ``--spark-remote
+sc://HOST:PORT`` for the tables whose policy names a Spark source (docs/spark.md); the
+session is started only when such a table is read or protected.
 
 ``run`` answers a reporting script workload by workload (see :mod:`dpsql.interfaces.scripts` and
 docs/scripts.md); the privacy options are defaults that the script's ``SET dpsql.*``
@@ -36,7 +41,8 @@ from dpsql.errors import (DpsqlError, RequestCancelled, Terminated,
 from dpsql.interfaces.exits import Parser, epilog, guarded, lock_notice, read_script
 from dpsql.interfaces.output import (ScriptOutput, budget_json, budget_table, csv_directory,
                                      ledger_json, ledger_table)
-from dpsql.request.declared import CONNECTION_SETTINGS, given, settings_for
+from dpsql.request.declared import (CONNECTION_SETTINGS, PLANNING_LIMITS, SPARK_SETTINGS, given,
+                                    settings_for)
 from dpsql.workload import limits as planning
 
 
@@ -50,7 +56,7 @@ def _privacy_args(p: argparse.ArgumentParser) -> None:
 
 
 #: the connection settings of a subcommand that only opens the database (no planning)
-OPENING = ("lock_timeout",)
+OPENING = ("lock_timeout",) + SPARK_SETTINGS
 
 
 def _connection_args(p: argparse.ArgumentParser, names: tuple | None = None) -> None:
@@ -66,9 +72,9 @@ def _open(args):
     stderr, and :class:`~dpsql.errors.LockTimeoutError` after ``--lock-timeout``."""
     from dpsql.session import connect
 
-    lock = given(args, "cli", CONNECTION_SETTINGS).get(
-        "lock_timeout", CONNECTION_SETTINGS["lock_timeout"].default)
-    return connect(args.db, lock_timeout=lock, on_lock_wait=lock_notice())
+    opening = {k: v for k, v in given(args, "cli", CONNECTION_SETTINGS).items()
+               if k in OPENING}
+    return connect(args.db, on_lock_wait=lock_notice(), **opening)
 
 
 def _defaults(args) -> dict:
@@ -224,8 +230,8 @@ def _script(args, *, dry_run: bool) -> int:
         csv_directory(args.csv)          # before anything is read or spent
     defaults = _defaults(args)
     text = read_script(args.script)
-    limits = given(args, "cli", CONNECTION_SETTINGS)     # max_memory, time_limit, lock_timeout
-    limits.pop("lock_timeout", None)                     # _open's
+    limits = {k: v for k, v in given(args, "cli", CONNECTION_SETTINGS).items()
+              if k in PLANNING_LIMITS}                   # the others are _open's
     with _open(args) as db, planning.applied(**limits):
         # the database's tables tell reads of result tables from workloads
         script = parse_script(text, db.table_names(), **defaults)

@@ -72,18 +72,19 @@ def _validated(settings: dict) -> dict:
 _SETTINGS = settings_for("dbapi")
 
 
-def connect(database, **settings) -> "Connection":
+def connect(database, *, spark=None, **settings) -> "Connection":
     """``connect(database, *, epsilon, delta, ...)``: a connection whose every execute
     charges (epsilon, delta) or asks by an accuracy target; change the settings in between
     (attributes or :meth:`Connection.configure`). The keywords are the declared settings
     (:data:`dpsql.request.declared.SETTINGS` exposed to ``dbapi``: epsilon, target_rmse, max_stderr,
     delta, strategy, calibration, model, nonnegative, integer, reuse, confirm) and the
     connection's own (:data:`dpsql.request.declared.CONNECTION_SETTINGS`: lock_timeout, create,
-    max_memory, time_limit).
+    max_memory, time_limit, spark_master, spark_remote). ``spark=SparkSession`` reads the
+    tables whose policy names a Spark source through that session (docs/spark.md).
     ``delta=0`` is pure epsilon-DP; ``model="metric"`` charges epsilon per unit distance
     to the table's metric (d_X) budget. Accuracy first: ``target_rmse`` or ``max_stderr``
     instead of ``epsilon`` (with ``confirm=True`` to spend what it needs)."""
-    return Connection(database, **settings)
+    return Connection(database, spark=spark, **settings)
 
 
 def _setting(name: str, doc: str) -> property:
@@ -111,7 +112,7 @@ class Connection:
     InternalError, ProgrammingError = InternalError, ProgrammingError
     NotSupportedError, BudgetExceeded = NotSupportedError, BudgetExceeded
 
-    def __init__(self, database, **settings):
+    def __init__(self, database, *, spark=None, **settings):
         try:
             path = os.fspath(database)
         except TypeError:
@@ -141,7 +142,9 @@ class Connection:
         #: another analyst's table exists)
         self.read_results = True
         with _backend():
-            self._session = Session(path, lock_timeout=own["lock_timeout"])
+            self._session = Session(path, lock_timeout=own["lock_timeout"], spark=spark,
+                                    spark_master=own["spark_master"],
+                                    spark_remote=own["spark_remote"])
         self._limits = {k: own[k] for k in ("max_memory", "time_limit")}
 
     def _planning(self):

@@ -35,7 +35,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from dpsql.errors import StrategyError
-from dpsql.kernel.data import _clique_marginals, _data_vector, _data_vectors
+from dpsql.kernel.data import (SparkLink, _clique_marginals, _data_vector, _data_vectors,
+                               reader)
 from dpsql.kernel.joint import checked_joint, sum_measure
 from dpsql.kernel.metric_oracle import MetricMeasureOracle
 from dpsql.kernel.oracles import MeasureOracle
@@ -61,10 +62,19 @@ class Measurement:
 
 
 class Kernel:
-    """Reads data, charges, adds noise. Holds the sampler; tests may pass a seeded one."""
+    """Reads data, charges, adds noise. Holds the sampler (tests may pass a seeded one) and
+    the way to Spark (:class:`~dpsql.kernel.data.SparkLink`, for tables whose policy names
+    a Spark source). Every release method reaches the table's source and checks its
+    columns (:func:`~dpsql.kernel.data.reader`: catalog only) before the charge."""
 
-    def __init__(self, sampler=None):
+    def __init__(self, sampler=None, *, spark: SparkLink | None = None):
         self.sampler = sampler if sampler is not None else SecureGaussianSampler()
+        self.spark = spark
+
+    def check_source(self, con, policy) -> None:
+        """The policy's source reachable with every declared column readable (protect);
+        the catalog only, never a value."""
+        reader(con, policy, self.spark)
 
     @property
     def private(self) -> bool:
@@ -114,8 +124,9 @@ class Kernel:
             raise StrategyError("internal error: the noise scale must be positive and finite")
         sensitivity = _checked_scale(workload, plan, float(sigma), request, mechanism,
                                      policy.contribution)
+        read = reader(con, policy, self.spark)
         release_id, names = ledger.charge(con, policy, request)   # committed here
-        x = _data_vector(con, policy, workload)
+        x = _data_vector(read, policy, workload)
         values = plan.measure(x)
         del x
         return self._noisy(values, sigma, sensitivity, request, mechanism, release_id, names)
@@ -154,8 +165,9 @@ class Kernel:
         graph = _cell_graph(policy, workload)
         _refuse_if(verify.dx_scales_shortfall(W, scales, graph.i, graph.j, graph.d,
                                               graph.n_cells, eps), "d_X Laplace release")
+        read = reader(con, policy, self.spark)
         release_id, names = ledger.charge(con, policy, request)   # committed here
-        x = _data_vector(con, policy, workload)
+        x = _data_vector(read, policy, workload)
         values = np.asarray(W @ x, dtype=float).reshape(-1)
         del x
         y = values.copy()
@@ -188,8 +200,9 @@ class Kernel:
         private)``.
         """
         _row_level_only(policy, "data-dependent release (MWEM)")
+        read = reader(con, policy, self.spark)
         release_id, names = ledger.charge(con, policy, request)   # committed here
-        xs = [_data_vector(con, policy, workload) for workload in blocks]
+        xs = [_data_vector(read, policy, workload) for workload in blocks]
         oracle = MeasureOracle(xs, self.sampler, epsilon)
         try:
             result = algorithm(oracle)
@@ -226,8 +239,9 @@ class Kernel:
             if not _same_graph(given, mine):
                 _refuse_if("the cell metric given differs from the policy's",
                            "d_X data-dependent release")
+        read = reader(con, policy, self.spark)
         release_id, names = ledger.charge(con, policy, request)   # committed here
-        xs = [_data_vector(con, policy, workload) for workload in blocks]
+        xs = [_data_vector(read, policy, workload) for workload in blocks]
         oracle = MetricMeasureOracle(xs, own, self.sampler, eps)
         try:
             result = algorithm(oracle)
@@ -271,8 +285,9 @@ class Kernel:
             raise StrategyError("internal error: the noise scale must be positive and finite")
         sensitivity = _checked_marginal_scale(workload, plan, float(sigma), request,
                                               mechanism, policy.contribution)
+        read = reader(con, policy, self.spark)
         release_id, names = ledger.charge(con, policy, request)   # committed here
-        counts = _clique_marginals(con, policy, workload, plan.cliques())
+        counts = _clique_marginals(read, policy, workload, plan.cliques())
         values = np.concatenate([_measure_marginal(m, counts, plan.sizes)
                                  for m in plan.measurements])
         del counts
@@ -305,8 +320,9 @@ class Kernel:
         """
         sensitivities = checked_joint(workload, joint, request, mechanism,
                                       policy.contribution)
+        read = reader(con, policy, self.spark)
         release_id, names = ledger.charge(con, policy, request)   # committed here
-        x, sums = _data_vectors(con, policy, workload, joint.values)
+        x, sums = _data_vectors(read, policy, workload, joint.values)
         ys, pending = [], iter(sums)
         for block, sensitivity in zip(joint.blocks, sensitivities):
             n = block.plan.n if block.plan.A is None else block.plan.A.shape[1]

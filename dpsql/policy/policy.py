@@ -21,6 +21,8 @@ An optional ``zcdp_delta`` is the share of ``delta`` reserved for the zCDP accou
 ``delta - zcdp_delta``. It defaults to half of ``delta``; ``0`` means basic composition alone.
 Policies saved before this setting existed read back as ``0`` (never more budget than the
 rule they were protected under).
+An optional ``source`` says where the rows live (a Spark table or files,
+:mod:`dpsql.policy.source`); by default the DuckDB table of the policy's name.
 User-level privacy: ``privacy_unit = "person_id"`` with ``max_rows_per_unit = k`` makes the
 neighbouring relation "add or remove one unit" (every row of one person): the engine keeps at
 most ``k`` rows per unit, chosen by a keyed hash (:mod:`dpsql.engines.duckdb`, the key drawn
@@ -44,12 +46,13 @@ from typing import Any, Mapping
 
 from dpsql.noise.accounting import fraction_from_text, fraction_to_text, to_exact
 from dpsql.policy.public import public_tables
+from dpsql.policy.source import Source, source_from_spec
 from dpsql.workload.domain import Domain, domain_from_spec
 from dpsql.workload import limits as planning
 from dpsql.errors import PolicyError, PrivacyParameterError, read_input_file
 
 _TABLE_FIELDS = {"epsilon", "delta", "columns", "rows", "metric", "zcdp_delta", "public",
-                 "privacy_unit", "max_rows_per_unit", "max_groups_per_unit"}
+                 "source", "privacy_unit", "max_rows_per_unit", "max_groups_per_unit"}
 
 #: the largest ``max_rows_per_unit``: every sensitivity is multiplied by it, so a larger one
 #: only buys noise (a unit with more rows than this is better summarised before protecting)
@@ -73,6 +76,8 @@ class TablePolicy:
     #: share of ``delta`` reserved for the zCDP accountant, fixed when the table is protected
     #: (0: basic composition alone, the value for policies saved before the setting existed)
     zcdp_delta: Fraction = Fraction(0)
+    #: where the rows live (:mod:`dpsql.policy.source`): the DuckDB table by default
+    source: Source = Source()
     #: user-level privacy: the column naming each row's unit (a person), and how many rows
     #: of one unit are kept at most (None, None: row-level privacy)
     privacy_unit: str | None = None
@@ -119,6 +124,8 @@ class TablePolicy:
         if self.metric is not None:
             doc["metric"] = self.metric.describe()
         doc["zcdp_delta"] = fraction_to_text(self.zcdp_delta)
+        if self.source.spark:      # a DuckDB table's policy reads as it always did
+            doc["source"] = self.source.describe()
         if self.public:
             doc["public"] = {p.name: p.describe() for p in self.public}
         if self.privacy_unit is not None:
@@ -145,7 +152,8 @@ class TablePolicy:
                    zcdp_delta=Fraction(0) if zcdp is None else fraction_from_text(zcdp),
                    public=public_tables(raw["table"], raw.get("public"), dict(cols)),
                    privacy_unit=raw.get("privacy_unit"),
-                   max_rows_per_unit=raw.get("max_rows_per_unit"))
+                   max_rows_per_unit=raw.get("max_rows_per_unit"),
+                   source=source_from_spec(raw["table"], raw.get("source")))
 
 
 def _privacy_unit(table: str, spec: Mapping[str, Any]) -> tuple[str | None, int | None]:
@@ -245,7 +253,8 @@ def table_policy_from_spec(table: str, spec: Mapping[str, Any]) -> TablePolicy:
     unit, k = _privacy_unit(table, spec)
     return TablePolicy(table.lower(), epsilon, delta, tuple(cols), rows=rows, metric=metric,
                        zcdp_delta=zcdp_delta, privacy_unit=unit, max_rows_per_unit=k,
-                       public=public_tables(table, spec.get("public"), dict(cols)))
+                       public=public_tables(table, spec.get("public"), dict(cols)),
+                       source=source_from_spec(table, spec.get("source")))
 
 
 def _usable(table: str, name: str, domain):

@@ -14,7 +14,8 @@ parses through it (:meth:`dpsql.request.setting.Setting.parse`):
 - ``script``: ``SET dpsql.epsilon = 0.1;`` in a reporting script.
 
 :data:`CONNECTION_SETTINGS` is the second, small table: settings of a connection rather
-than of a request (how long to wait for the database file, whether to create it).
+than of a request (how long to wait for the database file, whether to create it, the
+planning limits, how to reach Spark).
 """
 
 from __future__ import annotations
@@ -25,13 +26,15 @@ from dpsql.errors import PrivacyParameterError
 from dpsql.noise.gaussian import CALIBRATIONS
 from dpsql.request.rules import (MODELS, check_calibration, check_delta, check_epsilon,
                                  check_flag, check_memory, check_model, check_release_name,
-                                 check_seconds, check_share, check_strategy, check_target,
+                                 check_seconds, check_share, check_spark_master,
+                                 check_spark_remote, check_strategy, check_target,
                                  check_time_limit)
 from dpsql.request.setting import INTERFACES, Setting
 from dpsql.workload import limits as planning
 
-__all__ = ["ASKS", "CONNECTION_SETTINGS", "FLAGS", "SETTINGS", "TARGETS", "check_asks", "given",
-           "settings_for"]
+__all__ = ["ASKS", "CONNECTION_SETTINGS", "FLAGS", "PLANNING_LIMITS", "SETTINGS",
+           "SPARK_SETTINGS", "TARGETS",
+           "check_asks", "given", "settings_for"]
 
 
 def _declare(*settings: Setting) -> dict:
@@ -102,7 +105,20 @@ CONNECTION_SETTINGS: dict[str, Setting] = _declare(
     Setting("time_limit", "number", planning.DEFAULT_TIME_LIMIT, "seconds one request's "
             "planning may take (predicted from the batch's size; default 60)",
             ("cli", "shell", "dbapi"), check_time_limit, "60"),
+    Setting("spark_master", "text", None, "Spark master URL (local[2], spark://host:7077) "
+            "of the cluster that reads the tables whose policy names a Spark source "
+            "(docs/spark.md); started on first use", ("cli", "shell", "dbapi"),
+            check_spark_master, "local[2]", metavar="URL"),
+    Setting("spark_remote", "text", None, "Spark Connect URL (sc://host:15002) of the "
+            "cluster that reads the tables whose policy names a Spark source "
+            "(docs/spark.md)", ("cli", "shell", "dbapi"), check_spark_remote,
+            "sc://localhost:15002", metavar="URL"),
 )
+
+#: the connection settings that say how to reach Spark (every command that opens a session)
+SPARK_SETTINGS = ("spark_master", "spark_remote")
+#: the connection settings that bound a request's planning (dpsql.workload.limits)
+PLANNING_LIMITS = ("max_memory", "time_limit")
 
 
 def settings_for(interface: str, table: dict | None = None) -> list[Setting]:

@@ -18,7 +18,8 @@ from dpsql.noise.gaussian import CALIBRATIONS
 
 __all__ = ["MAX_RELEASE_NAME", "MODELS", "check_calibration", "check_delta", "check_epsilon",
            "check_flag", "check_memory", "check_model", "check_release_name", "check_seconds",
-           "check_share", "check_strategy", "check_target", "check_time_limit"]
+           "check_share", "check_spark_master", "check_spark_remote", "check_strategy",
+           "check_target", "check_time_limit"]
 
 MODELS = ("dp", "metric")
 MAX_RELEASE_NAME = 200
@@ -99,6 +100,28 @@ def check_release_name(value, name: str) -> str:
             f"a release name must be a non-empty string of at most {MAX_RELEASE_NAME} "
             "characters, without tabs, line breaks or surrounding spaces")
     return value
+
+
+def _url(value, name: str, example: str) -> str:
+    if not isinstance(value, str) or not value.strip() or not value.isascii() \
+            or any(c.isspace() for c in value):
+        raise PrivacyParameterError(f"{name} must be a URL without spaces, such as {example}, "
+                                    f"got {value!r}")
+    return value
+
+
+def check_spark_master(value, name: str) -> str:
+    """A Spark master URL: local[N], local-cluster[…], spark://host:port, yarn, k8s://…"""
+    return _url(value, name, "local[2] or spark://host:7077")
+
+
+def check_spark_remote(value, name: str) -> str:
+    """A Spark Connect URL: sc://host:port."""
+    url = _url(value, name, "sc://localhost:15002")
+    if not url.startswith("sc://"):
+        raise PrivacyParameterError(f"{name} must be a Spark Connect URL starting with "
+                                    f"sc://, such as sc://localhost:15002, got {value!r}")
+    return url
 
 
 def check_share(value, name: str) -> Fraction:

@@ -31,6 +31,10 @@ class CategoricalDomain(_Units):
                 f"table {table!r}, column {column!r}: categorical values must all be strings "
                 f"or all be integers, got types {sorted(k.__name__ for k in kinds)}"
             )
+        if kinds <= {int} and any(not -2 ** 63 <= v < 2 ** 63 for v in self.values):
+            raise PolicyError(
+                f"table {table!r}, column {column!r}: integer categorical values must lie "
+                "within the 64-bit integer range (-2**63 .. 2**63-1)")
         seen = set()
         for v in self.values:
             if v in seen:

@@ -80,8 +80,12 @@ def test_strategy_modules_are_public_only():
 
 
 def test_only_the_kernel_reads_the_data_vector():
+    """Outside the engines themselves (each engine's data_vector calls the shared one in
+    dpsql/engines/base.py), only the kernel's data module names the data vector."""
     callers = []
     for path in PKG.rglob("*.py"):
+        if path.parent == PKG / "engines":
+            continue
         tree = ast.parse(path.read_text())
         name = str(path.relative_to(ROOT))
         for node in ast.walk(tree):

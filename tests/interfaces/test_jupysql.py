@@ -6,6 +6,7 @@ protected and result tables, against the embedded ``dpsql://`` dialect and again
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 
@@ -13,8 +14,12 @@ import pytest
 
 from tests.interfaces.server_support import ServerProcess, make_database
 
-pytest.importorskip("sql")              # jupysql
-pytest.importorskip("IPython")
+# Looked up, not imported: importing jupysql imports pyspark.sql.connect, whose dependency
+# check calls sys.exit(0) in a pytest-xdist worker (its __main__ has no __file__, which
+# pyspark takes for a doctest run). The test runs JupySQL in its own IPython process.
+for _module in ("sql", "IPython"):
+    if importlib.util.find_spec(_module) is None:
+        pytest.skip(f"{_module} is not installed", allow_module_level=True)
 
 SESSION = """%load_ext sql
 %sql {url}

@@ -220,10 +220,14 @@ def test_serve_and_user_take_their_settings_from_the_declarations(tmp_path):
     from dpsql.interfaces.server.accounts import load_users
     from dpsql.interfaces.server.analyst import AnalystConnection
     from dpsql.interfaces.server.app import SERVED_SETTINGS, Server
-    from dpsql.request.declared import CONNECTION_SETTINGS, settings_for
+    from dpsql.request.declared import CONNECTION_SETTINGS, SPARK_SETTINGS, settings_for
 
-    assert SERVED_SETTINGS == tuple(s.name for s in settings_for("cli", CONNECTION_SETTINGS))
-    assert "lock_timeout" in SERVED_SETTINGS
+    # every connection setting of the command line, except Spark's: the server's one Spark
+    # link is shared by all analysts (serve --spark-master/--spark-remote), never per analyst
+    assert SERVED_SETTINGS == tuple(s.name for s in settings_for("cli", CONNECTION_SETTINGS)
+                                    if s.name not in SPARK_SETTINGS)
+    assert "lock_timeout" in SERVED_SETTINGS and SPARK_SETTINGS
+    assert not set(SPARK_SETTINGS) & set(SERVED_SETTINGS)
     db, users = make_database(tmp_path)
     dpsql = [sys.executable, "-m", "dpsql"]
     p = subprocess.run(dpsql + ["serve", db, "--users", users, "--lock-timeout", "soon"],

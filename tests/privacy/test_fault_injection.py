@@ -448,13 +448,18 @@ _KERNEL = {"ledger.charge": "charged", "_data_vector": "data_vector",
            "engine.data_vector": "data_vector", "_clique_marginals": "marginals",
            "engine.marginals": "marginals", "_data_vectors": "data_vectors",
            "engine.data_vectors": "data_vectors",
+           # the Spark branch's reads: through the source's Reader (DuckDB's engine module
+           # or Spark's, the same fault points), after the catalog read before the charge
+           "read.data_vector": "data_vector", "read.data_vectors": "data_vectors",
+           "read.marginals": "marginals", "engine.columns": PURE,
            # the engine's query pieces (values only), and the per-unit selection key read
            # beside the policy for that query (reads no data, writes nothing)
-           "engine.Cap": PURE, "engine.Sum": PURE, "ledger.unit_key": PURE,
+           "query.Cap": PURE, "query.Sum": PURE, "ledger.unit_key": PURE,
            "self.sampler.sample": "noise", "self.sampler.laplace": "noise",
            "algorithm": "noise", "plan.measure": PURE, "oracle.close": PURE}
 #: what touches the ledger, the data or the sampler (``ledger.Charge`` is the charge's type)
-_TOUCHING = ("ledger.", "engine.", "self.sampler", "kernel.sampler", "_data_vector",
+_TOUCHING = ("ledger.", "engine.", "read.", "query.", "self.sampler", "kernel.sampler",
+             "_data_vector",
              "_clique_marginals", "algorithm", "con.")
 #: the kernel's release entry points (all in dpsql/kernel/boundary.py): each charges and
 #: reads data exactly where a point is
@@ -465,8 +470,8 @@ _ENTRIES = {("Kernel", "release"): "_data_vector", ("Kernel", "release_per_query
             ("Kernel", "release_joint"): "_data_vectors"}
 #: the kernel's data reads (dpsql/kernel/data.py, the one module importing the engines): each
 #: makes its engine call, which a point covers
-_READS = {"_data_vector": "engine.data_vector", "_clique_marginals": "engine.marginals",
-          "_data_vectors": "engine.data_vectors"}
+_READS = {"_data_vector": "read.data_vector", "_clique_marginals": "read.marginals",
+          "_data_vectors": "read.data_vectors"}
 KERNEL = ROOT / "dpsql" / "kernel"
 
 

@@ -73,8 +73,8 @@ def test_bypassed_allow_list_reaching_the_engine_fails_closed(tmp_path, monkeypa
     (tmp_path / "secret.csv").write_text("ssn\n123-45-6789\n")
     secret = f"{tmp_path}/secret.csv"
     path = build_db(str(tmp_path / "adult.duckdb"))
-    monkeypatch.setattr(data_engine, "data_vector_sql", lambda *a, **k: (
-        f"SELECT 0 AS cell, count(*) AS n FROM read_csv('{secret}')"))
+    monkeypatch.setattr(data_engine, "render", lambda *a, **k: (
+        f"SELECT count(*) AS n, 0 AS set FROM read_csv('{secret}')"))
     with dpsql.connect(path) as db:
         with pytest.raises(EngineError) as info:
             db.answer("SELECT COUNT(*) FROM adult", epsilon=0.1, delta=1e-6)

@@ -60,7 +60,7 @@ class AnalystConnection:
         self.driver_transaction = False    # a driver's BEGIN: only the status byte ('T')
         self.cancelled = self.running = False
         self._dbapi = dbapi.connect(server.db_path, delta=0, epsilon=1, create=False,
-                                    **server.connection_settings)
+                                    spark=server.spark, **server.connection_settings)
         if not account.admin:     # answers from past releases: only those this analyst paid
             self._dbapi.session.reuse_scope = functools.partial(server.journal.paid_by,
                                                                 account.user)

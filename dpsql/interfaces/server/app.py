@@ -29,13 +29,14 @@ from dpsql.interfaces.server.journal import Journal
 from dpsql.interfaces.server.connection import Handler
 from dpsql.interfaces.server.results import Failure
 from dpsql.interfaces.exits import lock_notice
-from dpsql.request.declared import CONNECTION_SETTINGS, settings_for
+from dpsql.request.declared import CONNECTION_SETTINGS, SPARK_SETTINGS, settings_for
 from dpsql.session import Session
 from dpsql.store import served
 
 #: the connection settings the server passes to every analyst's connection (the command
 #: line's --lock-timeout, --max-memory, --time-limit: generated from the declaration)
-SERVED_SETTINGS = tuple(s.name for s in settings_for("cli", CONNECTION_SETTINGS))
+SERVED_SETTINGS = tuple(s.name for s in settings_for("cli", CONNECTION_SETTINGS)
+                        if s.name not in SPARK_SETTINGS)     # Spark: one link, shared
 DEFAULT_PORT = 5433
 DEFAULT_MAX_CONNECTIONS = 64
 
@@ -49,7 +50,8 @@ class Server(socketserver.ThreadingTCPServer):
     def __init__(self, db_path: str, users_path: str, *, host: str = "127.0.0.1",
                  port: int = DEFAULT_PORT, certificate: str | None = None,
                  key: str | None = None, require_tls: bool = False,
-                 max_connections: int = DEFAULT_MAX_CONNECTIONS, **connection):
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS, spark=None,
+                 **connection):
         """``connection``: the connection settings every analyst's DB-API connection gets
         (:data:`dpsql.request.declared.CONNECTION_SETTINGS`: lock_timeout, max_memory,
         time_limit), parsed by their declared parsers."""
@@ -68,6 +70,8 @@ class Server(socketserver.ThreadingTCPServer):
         self.journal = Journal(self.db_path + ".analysts.jsonl")
         self.audit_path = self.db_path + ".audit.jsonl"
         self._audit_lock = threading.Lock()
+        #: the one way to Spark every connection shares (a dpsql.session.spark_link), or None
+        self.spark = spark
         self.max_connections = max_connections
         self._slots = threading.BoundedSemaphore(max_connections)
         self._live: dict = {}
@@ -119,6 +123,8 @@ class Server(socketserver.ThreadingTCPServer):
             with contextlib.suppress(OSError):
                 h.request.shutdown(socket.SHUT_RDWR)
         super().server_close()
+        if self.spark is not None:
+            self.spark.close()
 
     # ---------------------------------------------------------------- cancellation
     def register(self, pid: int, secret: int, handler) -> None:

@@ -3,6 +3,7 @@
     dpsql serve DB [--host 127.0.0.1] [--port 5433] [--users USERS.toml]
                    [--certificate CERT --key KEY [--require-tls]] [--max-connections N]
                    [--lock-timeout SECONDS] [--max-memory BYTES] [--time-limit SECONDS]
+                   [--spark-master URL | --spark-remote sc://HOST:PORT]
     dpsql user add USERS.toml NAME [--role analyst|admin] [--allow TABLE=EPS,DELTA ...]
                    [--allow-metric TABLE=EPS ...]
     dpsql user passwd USERS.toml NAME
@@ -21,7 +22,7 @@ import os
 import sys
 
 from dpsql.errors import UsageError
-from dpsql.request.declared import CONNECTION_SETTINGS, given, settings_for
+from dpsql.request.declared import CONNECTION_SETTINGS, SPARK_SETTINGS, given, settings_for
 
 COMMANDS = ("serve", "user")
 
@@ -56,10 +57,15 @@ def run(args) -> int:
     from dpsql.interfaces.server import accounts, app
 
     if args.command == "serve":
+        from dpsql.session import spark_link
+
+        settings = given(args, "cli", CONNECTION_SETTINGS)   # one Spark for all analysts
+        spark = {k: settings.pop(k) for k in SPARK_SETTINGS if k in settings}
         app.serve(args.db, args.users or args.db + ".users.toml", host=args.host,
                   port=args.port, certificate=args.certificate, key=args.key,
                   require_tls=args.require_tls, max_connections=args.max_connections,
-                  **given(args, "cli", CONNECTION_SETTINGS))
+                  spark=spark_link(spark.get("spark_master"), spark.get("spark_remote")),
+                  **settings)
         return 0
     if args.action == "remove":
         accounts.remove_user(args.users, args.name)

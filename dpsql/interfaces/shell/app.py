@@ -3,7 +3,7 @@
     dpsql shell DB [--epsilon E | --target-rmse R | --max-stderr S] [--delta D]
                    [--strategy S] [--model dp|metric] [--nonnegative] [--integer]
                    [--no-reuse] [--confirm] [--confirm-share X] [-e SQL]... [-f FILE]...
-                   [--csv]
+                   [--csv] [--spark-master URL | --spark-remote sc://HOST:PORT]
 
 Each ``-e`` string and each ``-f`` file is one submission (its SQL is ONE workload), run in
 the order given; the first error stops the batch with the exit status
@@ -18,7 +18,7 @@ import sys
 
 from dpsql.errors import InputFileError
 from dpsql.interfaces.exits import Parser, epilog, guarded, lock_notice, read_script
-from dpsql.request.declared import CONNECTION_SETTINGS, given, settings_for
+from dpsql.request.declared import CONNECTION_SETTINGS, PLANNING_LIMITS, given, settings_for
 from dpsql.workload import limits as planning
 
 
@@ -65,7 +65,8 @@ def _main(args) -> int:
     from dpsql.interfaces.shell.settings import ShellState
 
     settings = given(args, "shell")
-    limits = given(args, "shell", CONNECTION_SETTINGS)  # max_memory, time_limit, lock_timeout
+    opening = given(args, "shell", CONNECTION_SETTINGS)   # lock_timeout, spark_*
+    limits = {k: opening.pop(k) for k in PLANNING_LIMITS if k in opening}
     if not os.path.exists(args.db):
         raise InputFileError(f"database {args.db!r} does not exist; check the path (`dpsql "
                              "demo --db PATH` builds a demo database)")
@@ -76,8 +77,7 @@ def _main(args) -> int:
     interactive = not batch and sys.stdin.isatty()
     if not batch and not interactive:
         batch = [("-f", "-")]          # piped input: one workload, like -f -
-    lock = limits.pop("lock_timeout", CONNECTION_SETTINGS["lock_timeout"].default)
-    with connect(args.db, lock_timeout=lock, on_lock_wait=lock_notice()) as session, \
+    with connect(args.db, on_lock_wait=lock_notice(), **opening) as session, \
             planning.applied(**limits):
         state = ShellState(session, interactive=interactive, **settings)
         state.refresh()
