@@ -18,6 +18,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from dpsql.errors import BatchTooLarge
+from dpsql.mechanisms import implicit_cost
 from dpsql.sql.compile import Workload, query_columns
 from dpsql.store.selection_cache import Evaluation
 from dpsql.strategies import spec
@@ -130,7 +131,11 @@ def _over_in_total(total: planning.Cost, limits: planning.Limits) -> str | None:
 def request_cost(workload: Workload, names: list) -> planning.Cost:
     """The whole request as :func:`screen` admits it: its peak memory (the largest step plus
     what every kept candidate holds until the choice, :func:`held`) and its total time
-    (release, bound, every candidate kept)."""
+    (release, bound, every candidate kept). A batch compiled to Kronecker blocks is priced
+    by what the implicit path works on (:func:`dpsql.mechanisms.implicit_cost.request_cost`:
+    its answers, marginals and blocks), never the dense product's candidates."""
+    if getattr(workload, "implicit", False):
+        return implicit_cost.request_cost(workload)
     kept, _ = screen(workload, names, True)
     steps = [release(workload)] + [predicted(workload, f, n, s) for f, n, s in kept]
     if bound_fits(workload) is None:
