@@ -35,7 +35,8 @@ def predicted(workload: Workload, family: str, name: str, strategy,
     base = spec.parse(name)[0]
     key = f"{base}/laplace" if family == "laplace" and base == "eigen" else base
     return planning.candidate_cost(key, n, m, nnz, seconds, fitted,
-                                   strategy_gram_ops(base, workload.shape))
+                                   strategy_gram_ops(base, workload.shape),
+                                   planning.row_gram_ops(workload.W))
 
 
 def strategy_gram_ops(base: str, shape: tuple) -> float:
