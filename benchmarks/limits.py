@@ -110,6 +110,20 @@ def _cpu() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
+def machine() -> str:
+    """The machine's state for the figures: load average and the CPU seconds of a fixed
+    reference step (the eigenvalues of a 1,000 x 1,000 matrix and a sparse Gram product on
+    one BLAS thread; median of three): CPU time per step grows with the other jobs sharing the cores (caches,
+    hyperthreads), so figures from runs at different loads compare only through it."""
+    rng = np.random.default_rng(0)
+    M = rng.standard_normal((1000, 1000))
+    S = sp.random(20000, 1000, density=0.01, random_state=0, format="csr")
+    seconds = sorted(measured(lambda: (np.linalg.eigvalsh(M + M.T), S.T @ S),
+                              trace=False)[1] for _ in range(3))[1]
+    return (f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores, "
+            f"reference step {seconds:.2f} s CPU (median of 3)")
+
+
 def fresh(workload: Workload) -> None:
     object.__setattr__(workload, "_strategy_info", None)
 
@@ -218,6 +232,7 @@ def whole_requests(policies, max_seconds: float) -> int:
     con.close()
     with dpsql.connect(base) as db:
         db.protect("adult", POLICY)
+    print(f"# machine before: {machine()}")
     print(f"{'request':<12} {'n':>8} {'m':>8} {'pred MiB':>9} {'peak MiB':>9} {'ratio':>6} "
           f"{'pred s':>8} {'cpu s':>8} {'ratio':>6}  kept")
     names = selection.requested(_Policy, 1e-6, "auto")
@@ -250,6 +265,7 @@ def whole_requests(policies, max_seconds: float) -> int:
               f"{peak / cost.memory:>6.2f} {cost.seconds:>8.2f} {seconds:>8.2f} "
               f"{seconds / cost.seconds:>6.2f}  {kept}", flush=True)
     shutil.rmtree(folder, ignore_errors=True)
+    print(f"# machine after: {machine()}")
     return 0
 
 
@@ -271,6 +287,7 @@ def main() -> int:
     policies = load_policy(POLICY)
     if args.requests:
         return whole_requests(policies, args.max_seconds)
+    print(f"# machine before: {machine()}")
     print(f"{'batch':<12} {'step':<14} {'pred MiB':>11} {'peak MiB':>10} {'ratio':>6} "
           f"{'pred s':>9} {'actual s':>9} {'ratio':>6}")
     for k in range(2, len(CUBE_COLUMNS) + 1):
@@ -282,6 +299,7 @@ def main() -> int:
         case(f"cube {k}", workload, args.max_seconds)
     for n in (64, 128, 256, 512, 1024):
         case(f"ranges {n}", ranges(n), args.max_seconds)
+    print(f"# machine after: {machine()}")
     refusal_points()
     return 0
 

@@ -42,7 +42,7 @@ OVERHEAD_BYTES = 2 ** 19
 #: implicit request (compile, selection, the kernel's measurements and noise, the answers,
 #: the result tables; the data scan of a 30,000-row table included, larger tables' extra
 #: scan not: :func:`dpsql.workload.limits.release_cost`). Fitted by ``python
-#: benchmarks/limits_implicit.py --fit`` (non-negative least squares on the relative error
+#: benchmarks/limits_requests.py --fit implicit`` (non-negative least squares on the relative error
 #: of process CPU time, one BLAS thread, 2026-11-28) on twelve requests over a synthetic
 #: table of 30,000 random rows and eight made-up categorical columns of 3..15 values (never
 #: the Adult data or its columns): GROUP BY CUBE over 3-6 of them and a half of the grouping

@@ -1,15 +1,19 @@
-"""Calibrate the implicit path's request cost on synthetic tables (issue 22 item 3).
+"""Calibrate whole requests' time on a synthetic table (issue 22 item 3).
 
-    python benchmarks/limits_implicit.py --fit
+    python benchmarks/limits_requests.py --fit implicit|dense
 
-Batches over more than 1,024 cells (two or more columns) are compiled to Kronecker blocks
-and answered without the product (:mod:`dpsql.mechanisms.implicit_cost`). This fits
-:data:`dpsql.mechanisms.implicit_cost.IMPLICIT_TIME_FIT` on whole requests
+``implicit``: batches over more than 1,024 cells (two or more columns) are compiled to
+Kronecker blocks and answered without the product (:mod:`dpsql.mechanisms.implicit_cost`);
+this fits :data:`dpsql.mechanisms.implicit_cost.IMPLICIT_TIME_FIT` on whole requests
 (``Session.answer``, auto, ε = 0.01, δ = 10⁻⁶) over a synthetic table: 30,000 random rows
 over eight made-up categorical columns (never the Adult data, nor its columns' sizes),
 CUBEs over 3-6 of them and a half of the grouping sets of 7. Time is process CPU time (one
 BLAS thread, forked workers included), a fresh copy of the database per request.
-``benchmarks/limits.py --requests`` then reports the Adult CUBEs against the fit.
+``dense``: smaller batches; what the steps' model (:mod:`dpsql.mechanisms.fit`) leaves of
+a whole request is fitted as :data:`dpsql.mechanisms.fit.REQUEST_FIXED_SECONDS` and
+:data:`~dpsql.mechanisms.fit.CANDIDATE_SECONDS` (auto, δ = 0 and a strategy named, so
+that the candidates' number varies). ``benchmarks/limits.py --requests`` then reports the
+Adult CUBEs against the fits.
 """
 
 from __future__ import annotations
@@ -80,15 +84,73 @@ def sql_of(cols, kind: str, seed: int) -> str:
     return f"SELECT {listed}, COUNT(*) FROM synth GROUP BY GROUPING SETS ({sets})"
 
 
-def fit() -> None:
+#: dense batches (at most 1,024 cells): GROUP BY or CUBE columns
+DENSE = [((0, 2), "cube"), ((0, 1, 2), "cube"), ((2, 4, 6), "cube"), ((0, 3, 6), "cube"),
+         ((0, 2, 4, 6), "cube"), ((5,), "group"), ((1, 3), "group"), ((1, 3), "cube")]
+#: (δ, strategy) of each dense batch's requests: 13, 6 and 1 candidates
+ASKS = [(1e-6, "auto"), (0.0, "auto"), (1e-6, "identity")]
+
+
+def fit_dense() -> None:
+    """What the steps' model leaves of whole dense requests, as fixed + per candidate."""
+    import dpsql
+    from dpsql.mechanisms import fit as fitting
+    from dpsql.mechanisms import selection
+
+    folder, base, policies = _table()
+    rows = []
+    for k, (cols, kind) in enumerate(DENSE):
+        names = ", ".join(f"c{i}" for i in cols)
+        sql = (f"SELECT {names}, COUNT(*) FROM synth GROUP BY "
+               + (f"CUBE({names})" if kind == "cube" else names))
+        workload = compile_batch(parse_batch(sql, lambda n, node: policies[n]),
+                                 policies["synth"])
+        for dlt, strategy in ASKS:
+            wanted = selection.requested(policies["synth"], dlt, strategy)
+            base_seconds = fitting.request_cost(workload, wanted).seconds
+            kept = len(fitting.screen(workload, wanted, strategy == "auto")[0])
+            path = os.path.join(folder, f"d{k}.duckdb")
+            shutil.copyfile(base, path)
+            with dpsql.connect(path, reuse=False) as db:
+                _, seconds = measured(lambda: db.answer(sql, epsilon=0.5, delta=dlt,
+                                                        strategy=strategy), trace=False)
+            os.remove(path)
+            rows.append((kept, base_seconds, seconds))
+            print(f"  n = {workload.n_cells:>4}, {strategy:<8} δ = {dlt:g}: {kept:>2} kept, "
+                  f"steps' model {base_seconds:.2f} s, cpu {seconds:.2f} s", flush=True)
+    shutil.rmtree(folder, ignore_errors=True)
+    report_dense(rows)
+
+
+def report_dense(rows) -> None:
+    from scipy.optimize import nnls
+
+    kept = np.array([r[0] for r in rows], dtype=float)
+    model = np.array([r[1] for r in rows])
+    y = np.array([r[2] for r in rows])
+    F = np.stack([np.ones_like(kept), kept], axis=1)
+    coef, _ = nnls(F / y[:, None], (y - model) / y)
+    pred = model + F @ coef
+    print(f"REQUEST_FIXED_SECONDS, CANDIDATE_SECONDS = {coef[0]:.3g}, {coef[1]:.3g}  "
+          f"# worst {max(max(p / t, t / p) for p, t in zip(pred, y)):.2f}")
+
+
+def _table():
+    """(folder, the protected synthetic database's path, its policies)."""
     import dpsql
 
-    folder = tempfile.mkdtemp(prefix="dpsql-implicit-")
+    folder = tempfile.mkdtemp(prefix="dpsql-requests-")
     base = os.path.join(folder, "base.duckdb")
     make_table(base)
     with dpsql.connect(base) as db:
         db.protect("synth", policy())
-    policies = load_policy(policy(), "synth")
+    return folder, base, load_policy(policy(), "synth")
+
+
+def fit() -> None:
+    import dpsql
+
+    folder, base, policies = _table()
     rows = []
     for k, (cols, kind) in enumerate(BATCHES):
         sql = sql_of(cols, kind, k)
@@ -138,12 +200,11 @@ def report(rows) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--fit", action="store_true", help="fit IMPLICIT_TIME_FIT and stop")
+    parser.add_argument("--fit", choices=("implicit", "dense"), required=True,
+                        help="implicit: IMPLICIT_TIME_FIT; dense: REQUEST_FIXED_SECONDS and "
+                             "CANDIDATE_SECONDS")
     args = parser.parse_args()
-    if args.fit:
-        fit()
-    else:
-        parser.print_help()
+    fit() if args.fit == "implicit" else fit_dense()
     return 0
 
 
