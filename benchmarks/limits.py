@@ -51,6 +51,7 @@ from dpsql.policy.policy import load_policy  # noqa: E402
 from dpsql.errors import DpsqlError  # noqa: E402
 from dpsql.sql.compile import (MAX_NONZEROS, ColumnPartition, Output, Workload,  # noqa: E402
                                compile_workload)
+from dpsql.sql.implicit import compile_batch  # noqa: E402
 from dpsql.sql.parse import parse_batch  # noqa: E402
 from dpsql.workload import limits as planning  # noqa: E402
 
@@ -107,6 +108,20 @@ def _cpu() -> float:
     own, children = (resource.getrusage(w) for w in (resource.RUSAGE_SELF,
                                                      resource.RUSAGE_CHILDREN))
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def machine() -> str:
+    """The machine's state for the figures: load average and the CPU seconds of a fixed
+    reference step (the eigenvalues of a 1,000 x 1,000 matrix and a sparse Gram product on
+    one BLAS thread; median of three): CPU time per step grows with the other jobs sharing the cores (caches,
+    hyperthreads), so figures from runs at different loads compare only through it."""
+    rng = np.random.default_rng(0)
+    M = rng.standard_normal((1000, 1000))
+    S = sp.random(20000, 1000, density=0.01, random_state=0, format="csr")
+    seconds = sorted(measured(lambda: (np.linalg.eigvalsh(M + M.T), S.T @ S),
+                              trace=False)[1] for _ in range(3))[1]
+    return (f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores, "
+            f"reference step {seconds:.2f} s CPU (median of 3)")
 
 
 def fresh(workload: Workload) -> None:
@@ -190,13 +205,17 @@ def _cost(family, name, strategy, n, m, nnz):
     info = _N()
     info.n = n
     key = "eigen/laplace" if family == "laplace" and name == "eigen" else name
-    return planning.candidate_cost(key, n, m, nnz, estimate(info) if estimate else 0.0)
+    lengths = np.arange(1, n + 1, dtype=float)       # n - L + 1 ranges of each length L
+    return planning.candidate_cost(key, n, m, nnz, estimate(info) if estimate else 0.0,
+                                   row_gram=float(((n - lengths + 1) * lengths ** 2).sum()))
 
 
 def whole_requests(policies, max_seconds: float) -> int:
     """Whole requests through ``Session.answer`` (compile, selection under the limits, the
     kernel, inference, result tables) on a fresh copy of the packaged Adult database each:
-    predicted (:func:`dpsql.mechanisms.fit.request_cost`) against measured, time and memory
+    predicted (:func:`dpsql.mechanisms.fit.request_cost`: the dense candidates' model, or
+    for a batch compiled to Kronecker blocks the implicit path's own,
+    :func:`dpsql.mechanisms.implicit_cost.request_cost`) against measured, time and memory
     in two separate runs (tracemalloc slows Python-heavy steps)."""
     import shutil
     import tempfile
@@ -213,16 +232,19 @@ def whole_requests(policies, max_seconds: float) -> int:
     con.close()
     with dpsql.connect(base) as db:
         db.protect("adult", POLICY)
+    print(f"# machine before: {machine()}")
     print(f"{'request':<12} {'n':>8} {'m':>8} {'pred MiB':>9} {'peak MiB':>9} {'ratio':>6} "
           f"{'pred s':>8} {'cpu s':>8} {'ratio':>6}  kept")
     names = selection.requested(_Policy, 1e-6, "auto")
-    for k in range(2, len(CUBE_COLUMNS)):
-        workload = cube(k, policies)
+    for k in range(2, len(CUBE_COLUMNS) + 1):
         cols = ", ".join(CUBE_COLUMNS[:k])
         sql = f"SELECT {cols}, COUNT(*) FROM adult GROUP BY CUBE({cols})"
+        workload = compile_batch(parse_batch(sql, lambda name, node: policies[name]),
+                                 policies["adult"])       # as the request compiles it
         try:
             cost = fit.request_cost(workload, names)
-            kept = len(fit.screen(workload, names, True)[0])
+            kept = "implicit" if getattr(workload, "implicit", False) else \
+                f"{len(fit.screen(workload, names, True)[0])}/{len(names)}"
         except BatchTooLarge:
             print(f"cube {k}: refused under the default limits")
             continue
@@ -241,101 +263,10 @@ def whole_requests(policies, max_seconds: float) -> int:
         print(f"{'cube ' + str(k):<12} {workload.n_cells:>8,} {workload.n_queries:>8,} "
               f"{cost.memory / 2**20:>9.1f} {peak / 2**20:>9.1f} "
               f"{peak / cost.memory:>6.2f} {cost.seconds:>8.2f} {seconds:>8.2f} "
-              f"{seconds / cost.seconds:>6.2f}  {kept}/{len(names)}", flush=True)
+              f"{seconds / cost.seconds:>6.2f}  {kept}", flush=True)
     shutil.rmtree(folder, ignore_errors=True)
+    print(f"# machine after: {machine()}")
     return 0
-
-
-def synthetic(n: int, m: int, seed: int) -> Workload:
-    """A random batch, unlike the benchmark's: m counting queries over n cells, each a
-    random interval or a random scattered set (a predicate on an unordered column), mixed;
-    every other batch has small sets only (up to 8 cells: marginal-like, sparse)."""
-    rng = np.random.default_rng(seed)
-    largest = max(2, n // 4) if seed % 2 == 0 else 9
-    rows, cols = [], []
-    for q in range(m):
-        if q % 2 and largest > 9:
-            a, b = sorted(rng.integers(0, n, 2))
-            cells = np.arange(a, b + 1)
-        else:
-            cells = rng.choice(n, size=int(rng.integers(1, largest)), replace=False)
-        rows.append(np.full(len(cells), q))
-        cols.append(cells)
-    W = sp.csr_matrix((np.ones(sum(map(len, rows))), (np.concatenate(rows),
-                                                       np.concatenate(cols))), shape=(m, n))
-    part = ColumnPartition("x", np.arange(n), n, tuple((u,) for u in range(n)))
-    query = SimpleNamespace(index=0, where=None, grouping_sets=(("x",),), count_column=None)
-    return Workload("synthetic", (part,), W, (Output(query, 0, m, (), (), (), None),))
-
-
-def marginals(dims, seed: int) -> Workload:
-    """A random batch of marginals: columns of the given sizes (random, not Adult's), the
-    counts of every assignment of a random half of the column subsets (all of them for up to
-    three columns), as a GROUP BY CUBE over made-up columns would ask."""
-    import itertools
-
-    rng = np.random.default_rng(seed)
-    subsets = [c for r in range(len(dims) + 1) for c in itertools.combinations(
-        range(len(dims)), r)]
-    if len(dims) > 3:
-        subsets = [subsets[i] for i in sorted(rng.choice(len(subsets), len(subsets) // 2,
-                                                         replace=False))]
-    blocks = []
-    for subset in subsets:
-        block = sp.csr_matrix(np.ones((1, 1)))
-        for i, d in enumerate(dims):
-            block = sp.kron(block, sp.identity(d) if i in subset else np.ones((1, d)),
-                            format="csr")
-        blocks.append(block)
-    W = sp.vstack(blocks, format="csr")
-    m, n = W.shape
-    part = ColumnPartition("x", np.arange(n), n, tuple((u,) for u in range(n)))
-    query = SimpleNamespace(index=0, where=None, grouping_sets=(("x",),), count_column=None)
-    return Workload("synthetic", (part,), W, (Output(query, 0, m, (), (), (), None),))
-
-
-def calibrate(sizes) -> None:
-    """Fit each step's time on :func:`dpsql.workload.limits.time_features` (non-negative
-    least squares on the relative error) over random batches (:func:`synthetic`), never the
-    batches reported below; prints :data:`dpsql.workload.limits.TIME_FIT`."""
-    from scipy.optimize import nnls
-
-    names = selection.requested(_Policy, 1e-6, "auto")
-    samples: dict = {}
-    for k, size in enumerate(sizes):
-        w = synthetic(*size, seed=k) if len(size) == 2 and size[0] > 16 else \
-            marginals(size, seed=k)
-        (m, n) = w.W.shape
-        fresh(w)
-        kk = min(n, m)
-        _, t = measured(lambda: halfwidths.svdb(matrix.workload_info(w)), trace=False)
-        samples.setdefault("svdb", []).append(
-            (planning.time_features(kk ** 3, planning.gram_ops(w.W), m * n, w.W.nnz), t))
-        seen = set()
-        for family, name, strategy in names:
-            key = "eigen/laplace" if family == "laplace" and name == "eigen" else name
-            if key in seen or family == "laplace" and name != "eigen":
-                continue
-            seen.add(key)
-            fresh(w)
-            _, t = measured(lambda: selection.evaluate(None, family, name, strategy, w, False),
-                            trace=False)
-            nnz = w.W.nnz
-            features = (planning.time_features(0, 0, 0, nnz) if key == "identity" else
-                        planning.time_features(n ** 3, nnz * n, m * n, nnz))
-            samples.setdefault(key, []).append((features, t))
-        print(f"  calibration batch n = {n}, m = {m}, nnz = {w.W.nnz:,} done", flush=True)
-    print("TIME_FIT = {")
-    for key, pts in samples.items():
-        F = np.array([f for f, _ in pts])
-        y = np.array([max(t, 1e-4) for _, t in pts])
-        scale = np.where(F.max(axis=0) > 0, F.max(axis=0), 1.0)
-        coef, _ = nnls(F / scale / y[:, None], np.ones(len(y)))
-        coef = coef / scale
-        pred = F @ coef
-        worst = max(max(p / t, t / p) for p, t in zip(pred, y))
-        print(f"    {key!r}: ({', '.join(f'{c:.3g}' for c in coef)}),  # worst {worst:.2f}")
-    print("}")
 
 
 def main() -> int:
@@ -345,17 +276,18 @@ def main() -> int:
                         help="calibrate the time model on random batches and stop")
     parser.add_argument("--requests", action="store_true",
                         help="whole requests only (dpsql answer, predicted vs measured)")
+    parser.add_argument("--only", help="with --fit: refit these steps only (comma-separated, "
+                        "e.g. eigen,optimal,eigen/laplace)")
     args = parser.parse_args()
     if args.fit:
-        calibrate([(24, 24), (40, 120), (96, 96), (96, 384), (192, 48), (192, 192),
-                   (192, 768), (384, 96), (384, 384), (384, 1536), (640, 640), (800, 400),
-                   (800, 1600), (1000, 1000), (1600, 800),
-                   (2, 3, 3), (3, 2, 2, 3), (3, 4, 5), (2, 6, 8), (4, 5, 6, 3), (7, 3, 4, 5),
-                   (2, 3, 4, 5, 6), (8, 9, 12), (3, 3, 4, 5, 6), (10, 12, 11), (4, 6, 7, 9)])
+        from benchmarks.limits_fit import FIT_BATCHES, calibrate
+
+        calibrate(FIT_BATCHES, None if args.only is None else set(args.only.split(",")))
         return 0
     policies = load_policy(POLICY)
     if args.requests:
         return whole_requests(policies, args.max_seconds)
+    print(f"# machine before: {machine()}")
     print(f"{'batch':<12} {'step':<14} {'pred MiB':>11} {'peak MiB':>10} {'ratio':>6} "
           f"{'pred s':>9} {'actual s':>9} {'ratio':>6}")
     for k in range(2, len(CUBE_COLUMNS) + 1):
@@ -367,6 +299,7 @@ def main() -> int:
         case(f"cube {k}", workload, args.max_seconds)
     for n in (64, 128, 256, 512, 1024):
         case(f"ranges {n}", ranges(n), args.max_seconds)
+    print(f"# machine after: {machine()}")
     refusal_points()
     return 0
 

@@ -18,6 +18,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from dpsql.errors import BatchTooLarge
+from dpsql.mechanisms import implicit_cost
 from dpsql.sql.compile import Workload, query_columns
 from dpsql.store.selection_cache import Evaluation
 from dpsql.strategies import spec
@@ -34,7 +35,8 @@ def predicted(workload: Workload, family: str, name: str, strategy,
     base = spec.parse(name)[0]
     key = f"{base}/laplace" if family == "laplace" and base == "eigen" else base
     return planning.candidate_cost(key, n, m, nnz, seconds, fitted,
-                                   strategy_gram_ops(base, workload.shape))
+                                   strategy_gram_ops(base, workload.shape),
+                                   planning.row_gram_ops(workload.W))
 
 
 def strategy_gram_ops(base: str, shape: tuple) -> float:
@@ -53,9 +55,30 @@ def strategy_gram_ops(base: str, shape: tuple) -> float:
     return total
 
 
+#: seconds of a dense request's own work besides its steps (parse, compile, explain's
+#: table, the intervals' set-up) and per candidate evaluated besides its planning step
+#: (its noise scale and expected errors, its explain row, its forked worker when it runs in
+#: one): fitted by ``python benchmarks/limits_requests.py --fit dense`` (non-negative least
+#: squares on the relative error of what the steps' model leaves, process CPU time) on
+#: whole requests over the synthetic table of :mod:`benchmarks.limits_requests` (made-up
+#: columns, never the Adult data): CUBEs and GROUP BYs of 12..840 cells, auto (13
+#: candidates), δ = 0 (6) and a strategy named (1), 24 requests, 2026-11-28 at load
+#: average ~5 on the 2 cores; worst ratio on its own requests 2.36 (what is left is
+#: proportional to the steps, which that load slows: not a per-request cost). Formula of a
+#: request's time: ``REQUEST_FIXED_SECONDS + release + bound + Σ (step + CANDIDATE_SECONDS)``.
+REQUEST_FIXED_SECONDS, CANDIDATE_SECONDS = 0.0298, 0.0262
+
+
 def release(workload: Workload) -> planning.Cost:
-    """The kernel, the answers and the write of whichever candidate is chosen."""
-    return planning.release_cost(workload.n_cells, workload.n_queries)
+    """The kernel, the answers and the write of whichever candidate is chosen, and the
+    request's fixed work (:data:`REQUEST_FIXED_SECONDS`)."""
+    cost = planning.release_cost(workload.n_cells, workload.n_queries)
+    return planning.Cost(cost.memory, cost.seconds + REQUEST_FIXED_SECONDS)
+
+
+def candidate_seconds(workload: Workload, family: str, name: str, strategy) -> float:
+    """A candidate's share of the request's time: its planning step and its pricing."""
+    return predicted(workload, family, name, strategy).seconds + CANDIDATE_SECONDS
 
 
 def _bound(workload: Workload) -> planning.Cost:
@@ -87,6 +110,7 @@ def screen(workload: Workload, names: list, auto: bool) -> tuple[list, list]:
     not."""
     limits = planning.current()
     costs = [predicted(workload, family, name, strategy) for family, name, strategy in names]
+    costs = [planning.Cost(c.memory, c.seconds + CANDIDATE_SECONDS) for c in costs]
     spent = release(workload).seconds + (_bound(workload).seconds
                                          if bound_fits(workload) is None else 0.0)
     why, holding = {}, 0.0
@@ -130,9 +154,14 @@ def _over_in_total(total: planning.Cost, limits: planning.Limits) -> str | None:
 def request_cost(workload: Workload, names: list) -> planning.Cost:
     """The whole request as :func:`screen` admits it: its peak memory (the largest step plus
     what every kept candidate holds until the choice, :func:`held`) and its total time
-    (release, bound, every candidate kept)."""
+    (release, bound, every candidate kept). A batch compiled to Kronecker blocks is priced
+    by what the implicit path works on (:func:`dpsql.mechanisms.implicit_cost.request_cost`:
+    its answers, marginals and blocks), never the dense product's candidates."""
+    if getattr(workload, "implicit", False):
+        return implicit_cost.request_cost(workload)
     kept, _ = screen(workload, names, True)
     steps = [release(workload)] + [predicted(workload, f, n, s) for f, n, s in kept]
+    steps += [planning.Cost(0.0, CANDIDATE_SECONDS * len(kept))]
     if bound_fits(workload) is None:
         steps.append(_bound(workload))
     memory = (max(c.memory for c in steps) + sum(held(workload, n) for _, n, _ in kept)

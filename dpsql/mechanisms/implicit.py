@@ -36,14 +36,12 @@ import numpy as np
 
 from dpsql.errors import StrategyError
 from dpsql.inference.implicit import residual_block_answers, residual_block_stderr
+from dpsql.mechanisms.implicit_cost import MAX_BOUND_FLOPS, bound_skipped, check_limits
 from dpsql.noise.gaussian import calibrate_with_rounding
 from dpsql.store.results import Z95, Candidate, Explanation
 from dpsql.strategies import residual, symmetric
 from dpsql.strategies import AUTO_CANDIDATES
 from dpsql.workload.values import times_contribution
-
-#: the bound is skipped (explain says so) when its eigenvalues need more flops than this
-MAX_BOUND_FLOPS = 2e9
 
 
 class ResidualChoice:
@@ -247,16 +245,8 @@ def bound_total(workload) -> tuple[float, str]:
     :func:`dpsql.strategies.symmetric.union_svdb`) and it is skipped, with a note, over
     :data:`MAX_BOUND_FLOPS`."""
     try:
-        general, _, union, _ = symmetric.split_for_bound(workload.union)
-        if union is None:
-            return float(symmetric.union_svdb(workload.union)), ""
-        parts = symmetric.column_parts(union)
-        sizes = union.sizes
-        flops = sum(math.prod(1 + sizes[i] - parts[i][0] for i in range(len(sizes))
-                              if i not in S) ** 3
-                    for S in residual.closure([b.used for b in union.blocks]))
-        flops += sum(workload.union.sizes[i] ** 3 for i in general)
-        if flops > MAX_BOUND_FLOPS:
+        flops = bound_skipped(workload)
+        if flops is not None:
             return math.nan, (f"bound skipped: its invariant blocks need ~{flops:.1e} flops "
                               f"(limit {MAX_BOUND_FLOPS:.0e})")
         return float(symmetric.union_svdb(workload.union)), ""
@@ -264,35 +254,6 @@ def bound_total(workload) -> tuple[float, str]:
         text = str(exc)
         return math.nan, text if text.startswith("no lower bound") else \
             f"no lower bound computed: {text}"
-
-
-#: predicted bytes per answer (answer, standard error, half-width, its key tuple, the table
-#: row) and per marginal cell (the engine's counts, the summed-down and transformed copies)
-BYTES_PER_ANSWER, BYTES_PER_CELL = 256, 32
-
-
-def predicted_bytes(workload) -> int:
-    """Memory the implicit path needs: answers and the cliques' marginals, never the product
-    (measured: 54 MB for 232,391 answers over 175 cliques; this predicts 60 MB)."""
-    union = workload.union
-    cells = sum(math.prod(union.sizes[i] for i in c) for c in union.cliques())
-    factors = sum(F.size for b in union.blocks for F in b.factors)
-    return BYTES_PER_ANSWER * workload.n_queries + BYTES_PER_CELL * cells + 8 * factors
-
-
-def check_limits(workload) -> None:
-    """Refuse (before any charge) a batch whose predicted memory is over ``max_memory``."""
-    from dpsql.errors import BatchTooLarge
-    from dpsql.workload import limits
-
-    need, limit = predicted_bytes(workload), limits.current()
-    if need > limit.max_memory:
-        big = sorted(workload.union.cliques(), key=len, reverse=True)[:2]
-        raise BatchTooLarge(
-            f"this batch needs about {limits.show_bytes(need)} to plan and answer "
-            f"({workload.n_queries:,} answers; largest blocks read "
-            + "; ".join(", ".join(workload.union.columns[i] for i in B) for B in big)
-            + f"), over {limit.describe()}; nothing was charged; split the batch")
 
 
 def _candidate(choice, eps, dlt, calibration: str, bound: float, k: int = 1) -> Candidate:

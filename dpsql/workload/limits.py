@@ -177,13 +177,19 @@ _SHAPES = {
 }
 
 
-#: per step, the seconds per unit of each of :func:`time_features` (fixed, n³, nnz·n, m·n,
-#: nnz): fitted by ``python benchmarks/limits.py --fit`` (non-negative least squares on the
-#: relative error of process CPU time, forked planning workers included, one BLAS thread)
-#: over twenty-seven random batches: 24..1,600 cells and 24..1,600 queries of mixed
-#: intervals and scattered sets, and marginals over 3-5 made-up columns of 2..12 values
-#: (18..1,512 cells) — never the CUBE and all-range batches the benchmark reports; a step
-#: not listed keeps the model's own constants
+#: per step, the seconds per unit of each of :func:`time_features` (fixed, n³, nnz·n — or
+#: ``Σ nnz(row)²`` for :data:`ROW_GRAM_STEPS` —, m·n, nnz): fitted by ``python
+#: benchmarks/limits.py --fit`` (:mod:`benchmarks.limits_fit`: non-negative least squares on
+#: the relative error of process CPU time, forked planning workers included, one BLAS
+#: thread) over random batches: twenty-seven of 24..1,600 cells and 24..1,600 queries of
+#: mixed intervals and scattered sets, and marginals over 3-5 made-up columns of 2..12 values
+#: (18..1,512 cells); eigen, optimal and eigen/laplace were refitted on 2026-11-28
+#: (``--fit --only eigen,optimal,eigen/laplace``, load average ~6 on the 2 cores) with ten
+#: more: five of long random intervals (96..320 cells, 1,500..15,000 rows, a third of the
+#: cells per row on average) and every marginal over 4-5 made-up columns (400..756 cells) —
+#: never the CUBE and all-range batches the benchmark reports; a step not listed keeps the
+#: model's own constants. Formula: ``Σ TIME_FIT[step][i] · time_features(...)[i]`` (plus the
+#: wavelet's Gram term, and at least a strategy's own estimate: :func:`candidate_cost`)
 TIME_FIT: dict[str, tuple[float, ...]] = {   # the fit's worst ratio on its own batches
     "svdb": (0.000488, 6.19e-11, 1.78e-09, 4.84e-09, 0),                  # 1.48
     "identity": (0.00028, 0, 0, 0, 4.25e-09),                             # 2.00
@@ -191,14 +197,27 @@ TIME_FIT: dict[str, tuple[float, ...]] = {   # the fit's worst ratio on its own 
     "hierarchical": (0.00203, 7.66e-11, 8.46e-10, 2.52e-08, 2.52e-08),    # 1.47
     "wavelet": (0.00102, 2.99e-11, 3.06e-11, 3.26e-08, 1.86e-08),         # 2.20
     "fourier": (0.000716, 1e-10, 9.88e-10, 1.98e-08, 0),                  # 1.62
-    "eigen": (0.00134, 8.36e-11, 1.46e-09, 8.9e-08, 0),                   # 3.19
-    "optimal": (0.00375, 3.08e-10, 2.85e-09, 1.94e-08, 0),        # 120: iterative, uneven
-    "eigen/laplace": (0.0678, 4.34e-10, 0, 1.77e-07, 8.26e-07),           # 1.51
+    "eigen": (0.00325, 1.95e-10, 5.7e-09, 1.12e-07, 0),                  # 3.55
+    "optimal": (0.00623, 5.84e-10, 7.83e-09, 2.97e-08, 0),        # 105: iterative, uneven
+    "eigen/laplace": (0.169, 1.12e-09, 0, 4.43e-07, 0),                   # 2.09
 }
 
 
+#: the steps whose third time feature is the Gram product's multiply-adds ``Σ nnz(row)²``
+#: of ``W`` (:func:`row_gram_ops`: they form ``V = WᵀW`` from the sparse ``W``), not
+#: ``nnz·n``: on all-range batches (rows of n/3 cells on average) ``nnz·n`` is twice
+#: ``Σ nnz(row)²`` and over-predicted them 2.8-4x, on marginals it is 30-100x more
+ROW_GRAM_STEPS = frozenset({"eigen", "optimal", "eigen/laplace"})
+
+
+def row_gram_ops(W) -> float:
+    """``Σ nnz(row)²`` of ``W``: the multiply-adds of the sparse product ``WᵀW``."""
+    return float(np.square(np.diff(W.indptr).astype(np.float64)).sum())
+
+
 def candidate_cost(name: str, n: int, m: int, nnz: int, estimated_seconds: float = 0.0,
-                   fitted: bool = True, gram: float = 0.0) -> Cost:
+                   fitted: bool = True, gram: float = 0.0,
+                   row_gram: float | None = None) -> Cost:
     """A candidate's plan and least-squares error factors: the strategy's dense matrices
     (``A`` p × n, Gram and Cholesky factor n × n), the dense ``W`` (m × n) solved against the
     factor and its result (``2·m·n·8`` bytes, ``m·n²`` flops). The identity needs only the
@@ -207,7 +226,9 @@ def candidate_cost(name: str, n: int, m: int, nnz: int, estimated_seconds: float
     when larger). ``gram``: multiply-adds of the sparse Gram product ``AᵀA`` of the
     strategy's ``A`` (:func:`dpsql.mechanisms.fit.strategy_gram_ops`), a term the size
     features miss: a Kronecker ``A`` over several columns is far denser than any one-column
-    ``A`` of the same ``n``."""
+    ``A`` of the same ``n``. ``row_gram``: ``Σ nnz(row)²`` of ``W`` (:func:`row_gram_ops`),
+    the third time feature of :data:`ROW_GRAM_STEPS` (``nnz·n``, an upper bound, without
+    it)."""
     square, rows, cube, solves, fixed = _SHAPES.get(name, (6, 2.0, 12.0, 4.0, 0.5))
     if square == 0:
         return Cost(24.0 * nnz + 8.0 * (m + n),
@@ -216,7 +237,10 @@ def candidate_cost(name: str, n: int, m: int, nnz: int, estimated_seconds: float
     memory = 8.0 * (square * n * n + (rows * n + workload_rows) * n + 2.0 * m * n)
     seconds = (fixed + (cube * n ** 3 + solves * m * n * n + 2.0 * rows * n ** 3) / FLOPS
                + DENSE_SECONDS_PER_ENTRY * float(m) * n)
-    features = time_features(float(n) ** 3, float(nnz) * n, float(m) * n, nnz)
+    third = float(nnz) * n
+    if name in ROW_GRAM_STEPS:
+        third = third if row_gram is None else float(row_gram)
+    features = time_features(float(n) ** 3, third, float(m) * n, nnz)
     return Cost(memory, max(_fitted(name, seconds, features, fitted)
                             + SPARSE_SECONDS_PER_OP * gram, float(estimated_seconds)))
 

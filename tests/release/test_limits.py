@@ -107,10 +107,13 @@ def test_under_default_limits_every_candidate_is_compared(db):
 
 def test_time_limit_skips_too(db, no_eigen):
     # time_limit bounds the whole request: the release's predicted time, plus a little
-    from dpsql.mechanisms import fit
+    # (room for the cheapest candidate's pricing and step)
+    from dpsql.mechanisms import fit, selection
 
-    _, _, workload = db._compile(WIDE, db.policies())
-    limit = round(fit.release(workload).seconds + 1e-2, 6)
+    policy, _, workload = db._compile(WIDE, db.policies())
+    cheapest = min(fit.candidate_seconds(workload, *c)
+                   for c in selection.requested(policy, 1e-6, "auto"))
+    limit = round(fit.release(workload).seconds + cheapest + 1e-3, 6)
     with dpsql.planning_limits(time_limit=limit):
         expl = db.explain(WIDE, epsilon=1, delta=1e-6)
     notes = [c.note for c in expl.candidates if c.strategy == "eigen"]

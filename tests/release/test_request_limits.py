@@ -25,7 +25,7 @@ def db(tmp_path):
 def _sizes(db):
     policy, _, workload = db._compile(WIDE, db.policies())
     names = selection.requested(policy, 1e-6, "auto")
-    costs = sorted(fit.predicted(workload, f, n, s).seconds for f, n, s in names)
+    costs = sorted(fit.candidate_seconds(workload, f, n, s) for f, n, s in names)
     fixed = (fit.release(workload).seconds
              + planning.bound_cost(workload.n_cells, workload.n_queries, workload.W.nnz,
                                    planning.gram_ops(workload.W)).seconds)
