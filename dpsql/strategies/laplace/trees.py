@@ -5,6 +5,7 @@ and their p-Identity refinement; used by the L1 ``eigen`` strategy
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 import numpy as np
@@ -242,12 +243,15 @@ def choose_chains(V: np.ndarray, shape: tuple) -> tuple:
     One column: :func:`best_chain`. Several: coordinate descent (each column's chain given
     the others', on ``V`` contracted with their ``X⁻¹``) from the leaves everywhere and from
     ``[1, k]`` everywhere, keeping the better. Returns ``(chains, error)`` with chains
-    ``(sizes, u)``.
+    ``(sizes, u)``. A column's search is a function of its contracted ``M`` alone, and the
+    two descents (and a sweep after which the other columns did not move) meet the same
+    ``M`` again: each is searched once (:func:`_memo_best_chain`).
     """
     V = np.asarray(V, dtype=float)
     if len(shape) == 1:
         error, sizes, u = best_chain(V, shape[0])
         return ((sizes, u),), float(error)
+    best = _memo_best_chain()
 
     def cost(chain):
         return float(np.sum(chain[1])) ** 2
@@ -263,7 +267,7 @@ def choose_chains(V: np.ndarray, shape: tuple) -> tuple:
                 others = math.prod(cost(chains[o]) for o in range(len(shape)) if o != c)
                 current = cost(chains[c]) * weighted_tree_error(M, chains[c][0],
                                                                 np.square(chains[c][1]))
-                value, sizes, u = best_chain(M, k)
+                value, sizes, u = best(M, k)
                 if value < current * (1 - 1e-9):
                     chains[c], improved = (sizes, u), True
                     inverse[c] = chain_gram_inverse(k, sizes, u)
@@ -277,6 +281,23 @@ def choose_chains(V: np.ndarray, shape: tuple) -> tuple:
               for k in shape]
     error, chains = min((descend(s) for s in (leaves, totals)), key=lambda t: t[0])
     return chains, error
+
+
+def _memo_best_chain():
+    """:func:`best_chain`, remembering its result per ``(k, M)`` (a BLAKE2b digest of ``M``'s
+    exact bytes, not the bytes: a column may have thousands of parts): a deterministic
+    search gives the same chain for the same matrix, so a repeat is free."""
+    seen: dict = {}
+
+    def best(M: np.ndarray, k: int) -> tuple:
+        M = np.ascontiguousarray(M, dtype=float)
+        key = (int(k), M.shape, hashlib.blake2b(M.tobytes(), digest_size=32).digest())
+        if key not in seen:
+            seen[key] = best_chain(M, k)
+        error, sizes, u = seen[key]
+        return error, sizes, u.copy()
+
+    return best
 
 
 # --- refinement: the p-Identity parametrisation, seeded by the weighted tree ----------------
