@@ -66,7 +66,6 @@ class CoarseColumn:
         self.sums = np.ascontiguousarray((P @ (P @ M).T).T)
         self.diag = np.diag(self.sums).copy()
         self.counts = np.bincount(idx).astype(float)
-        self.first = np.arange(len(self.counts)) * self.size   # each block's first cell
 
 
 def weighted_tree_error(M, sizes, v) -> float:
