@@ -97,24 +97,25 @@ class ChainLevels:
     vectors at once (the search's inner loop: the structure is built once per chain).
 
     In level-1 node space (node ``j``: cells ``[j s₁, (j+1) s₁)``) a level of size ``s``
-    groups ``s / s₁`` consecutive nodes (all of them when ``s`` is the whole column); each
-    level keeps its groups padded to equal length: the nodes' leaf counts and the diagonal
-    blocks of the block sums ``Mc`` (zeros in the padding, which then adds nothing).
+    groups ``s / s₁`` consecutive nodes (all of them when ``s`` is the whole column), the
+    last group possibly shorter. Each level keeps views, never copies, of the block sums
+    ``Mc``: the full groups' diagonal blocks (one strided view) and the last group's.
     """
 
     def __init__(self, col: CoarseColumn, sizes: tuple):
         self.col, self.levels = col, []
         nodes = len(col.counts)
+        S = col.sums
+        row, item = S.strides
         for size in sizes[2:]:
             block = min(size // sizes[1] if size % sizes[1] == 0 else nodes, nodes)
-            groups = -(-nodes // block)
-            pad = groups * block - nodes
-            counts = np.concatenate([col.counts, np.zeros(pad)]).reshape(groups, block)
-            D = np.zeros((groups, block, block))
-            for g in range(groups):
-                part = col.sums[g * block:(g + 1) * block, g * block:(g + 1) * block]
-                D[g, :len(part), :len(part)] = part
-            self.levels.append((block, groups, pad, counts, D))
+            full = nodes // block
+            a = full * block
+            diagonal = np.lib.stride_tricks.as_strided(
+                S, shape=(full, block, block), strides=(block * (row + item), row, item),
+                writeable=False)
+            self.levels.append((block, a, col.counts[:a].reshape(full, block), diagonal,
+                                col.counts[a:], S[a:, a:]))
 
     def errors(self, w: np.ndarray) -> np.ndarray:
         """``tr(M X⁻¹)`` for every row of ``w``: the weights ``v_l / v₀`` of levels 1, 2, …
@@ -128,14 +129,18 @@ class ChainLevels:
         total = col.trace - w[:, 0] * (col.diag / den).sum(axis=1)
         gamma = 1.0 / den                          # u on each level-1 node (constant there)
         m, nodes = gamma.shape
-        for (block, groups, pad, counts, D), weight in zip(self.levels, w[:, 1:].T):
-            if pad:
-                gamma = np.concatenate([gamma, np.zeros((m, pad))], axis=1)
-            G = gamma.reshape(m, groups, block)
-            den = 1.0 + weight[:, None] * np.einsum("mgs,gs->mg", G, counts)    # 1 + v t
-            quads = np.einsum("mgs,gst,mgt->mg", G, D, G)
+        for (block, a, counts, diagonal, rest, last), weight in zip(self.levels, w[:, 1:].T):
+            G = gamma[:, :a].reshape(m, a // block, block)
+            t = np.einsum("mgs,gs->mg", G, counts)
+            quads = np.einsum("mgs,gst,mgt->mg", G, diagonal, G)
+            if a < nodes:                          # the shorter last group
+                g = gamma[:, a:]
+                t = np.concatenate([t, (g @ rest)[:, None]], axis=1)
+                quads = np.concatenate([quads, np.einsum("ms,st,mt->m", g, last, g)[:, None]],
+                                       axis=1)
+            den = 1.0 + weight[:, None] * t        # 1 + v t
             total = total - weight * (quads / den).sum(axis=1)
-            gamma = (G / den[:, :, None]).reshape(m, groups * block)[:, :nodes]
+            gamma = gamma / np.repeat(den, block, axis=1)[:, :nodes]
         return total
 
 
