@@ -15,6 +15,7 @@ from dpsql.mechanisms.reuse import records as reuse_records
 from dpsql.mechanisms.reuse.decide import decide
 from dpsql.noise.accounting import PrivacyCost
 from dpsql.noise.gaussian import rounding_slack, zcdp_rho
+from dpsql.strategies.gaussian.dual import blas_threads
 from dpsql.workload.values import times_contribution
 from dpsql.release.mechanism import Answers, Ask, Cost, Plan, Public, Shown
 from dpsql.release.support import _request_params
@@ -25,7 +26,17 @@ def plan(ask: Ask, public: Public) -> Plan:
     :func:`dpsql.mechanisms.reuse.decide.decide` (strategy selection over the rows not
     answered free by past releases), or, for a batch compiled to Kronecker blocks,
     :class:`dpsql.release.implicit.ImplicitPlan`, or, for a batch with SUM/AVG,
-    :func:`dpsql.release.joint.plan` (one block per data vector, one charge)."""
+    :func:`dpsql.release.joint.plan` (one block per data vector, one charge).
+
+    Planned on one BLAS thread (:func:`~dpsql.strategies.gaussian.dual.blas_threads`; its
+    forked planning workers inherit it): the candidates' factorisations are small and many,
+    and two OpenBLAS threads spin-wait on a shared machine — the 5-column split batch of
+    ``benchmarks/highdim_sql.py`` took 15 s of CPU with two and 7 s with one."""
+    with blas_threads():
+        return _plan(ask, public)
+
+
+def _plan(ask: Ask, public: Public) -> Plan:
     from dpsql.release import implicit, joint
     from dpsql.sql.vectors import has_values
 

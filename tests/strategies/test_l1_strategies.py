@@ -379,6 +379,25 @@ def test_weighted_tree_error_is_exact(k, sizes):
         weighted_tree_error(M, (1, 3, 4), [1.0, 1.0, 1.0])        # not nested
 
 
+def test_chain_cost_of_many_log_weights_is_each_ones_cost():
+    """The search scores a batch of starts in one call: each row's cost is the single
+    call's, which is the dense ``(Σu)² tr(M X⁻¹)`` (padded groups included: 37 = 3·12 + 1)."""
+    from dpsql.strategies.laplace.chains import _chain_cost
+    rng = np.random.default_rng(7)  # test data only
+    R = rng.normal(size=(37, 37))
+    M = R @ R.T
+    cost = _chain_cost(M, -12.0, 6.0)
+    for sizes in [(1, 3), (1, 3, 9, 37), (1, 2, 4, 8, 16, 32, 37)]:
+        Z = rng.uniform(-4.0, 2.0, size=(5, len(sizes) - 1))
+        Z[0, -1] = -20.0                                    # clipped to the range
+        many = cost(sizes, Z)
+        for z, value in zip(Z, many):
+            assert value == pytest.approx(cost(sizes, z), rel=1e-12)
+            u = np.exp(np.concatenate([[0.0], np.clip(z, -12.0, 6.0)]))
+            assert value == pytest.approx(u.sum() ** 2 * _dense_chain_error(M, sizes, u * u),
+                                          rel=1e-9)
+
+
 def test_chain_search_beats_uniform_trees_and_is_exact():
     info = all_range(64)
     error, sizes, u = best_chain(info.V, 64)

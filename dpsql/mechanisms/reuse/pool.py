@@ -257,8 +257,8 @@ class Pool:
         the bound on a weighted Laplace sum (:func:`dpsql.inference.intervals.laplace_interval_halfwidth`).
         Both: by the union bound, ``z_{1−α/4}·s_G + h_L(1−α/2)``, each part missing with
         probability at most α/2."""
-        from scipy.stats import norm
-
+        from scipy.special import ndtri   # the normal quantile (norm.ppf), without the
+                                          # 0.6 s CPU import of scipy.stats
         from dpsql.inference.intervals import laplace_interval_halfwidth
 
         lap = [i for i, (rec, _) in enumerate(self._terms) if rec.noise == "laplace"]
@@ -272,7 +272,7 @@ class Pool:
         s_g = np.sqrt(sum(((coef[i] ** 2).sum(axis=1) * self._terms[i][0].variance
                            for i in gauss), np.zeros(C.shape[0])))
         alpha = 1.0 - level
-        return (float(norm.ppf(1 - alpha / 4)) * s_g
+        return (float(ndtri(1 - alpha / 4)) * s_g
                 + laplace_interval_halfwidth(C, 1.0, 1 - alpha / 2))
 
     def stacked(self, W):
