@@ -303,5 +303,7 @@ if __name__ == "__main__":
 
     if sys.argv[1:2] == ["--split"]:
         print(json.dumps(split_case(int(sys.argv[2]))))
+    elif sys.argv[1:2] == ["--ranges"]:     # the ranges x marginals rows alone
+        print("\n".join(ranges_lines(table_policy_from_spec("adult", ADULT_SPEC))))
     else:
         print("\n".join(table()))

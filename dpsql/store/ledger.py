@@ -277,27 +277,35 @@ def mark_released(con, release_id: int, tables: Sequence[tuple[int, str, str, in
                     [release_id])
 
 
+#: every relation in main, lower case: result tables are views (schema version 3 on) or
+#: base tables (written before)
+_MAIN_RELATIONS = ("SELECT lower(table_name) AS name FROM duckdb_tables() WHERE schema_name "
+                   "= 'main' UNION ALL SELECT lower(view_name) FROM duckdb_views() "
+                   "WHERE schema_name = 'main' AND NOT internal")
+
+
 def is_result_table(con, name: str) -> bool:
-    """Whether ``name`` is a base table in main that a dpsql release wrote."""
+    """Whether ``name`` is a relation in main that a dpsql release wrote (a view over the
+    release's stored answers, or a base table written before schema version 3)."""
     if not has_schema(con):
         return False
     with engine_errors("reading the catalog"):
         row = con.execute(
-            "SELECT count(*) FROM dpsql.release_tables r JOIN duckdb_tables() t "
-            "ON lower(r.table_name) = lower(t.table_name) AND t.schema_name = 'main' "
-            "WHERE lower(r.table_name) = lower(?)", [name]).fetchone()
+            f"SELECT count(*) FROM dpsql.release_tables r JOIN ({_MAIN_RELATIONS}) t "
+            "ON lower(r.table_name) = t.name WHERE lower(r.table_name) = lower(?)",
+            [name]).fetchone()
     return bool(row[0])
 
 
 def result_names(con) -> list[str]:
-    """The result tables present in main that dpsql releases wrote (lower case)."""
+    """The result tables (views or base tables) present in main that dpsql releases wrote
+    (lower case)."""
     if not has_schema(con):
         return []
     with engine_errors("reading the catalog"):
         rows = con.execute(
-            "SELECT DISTINCT lower(r.table_name) FROM dpsql.release_tables r JOIN "
-            "duckdb_tables() t ON lower(r.table_name) = lower(t.table_name) "
-            "AND t.schema_name = 'main'").fetchall()
+            f"SELECT DISTINCT lower(r.table_name) FROM dpsql.release_tables r JOIN "
+            f"({_MAIN_RELATIONS}) t ON lower(r.table_name) = t.name").fetchall()
     return [r[0] for r in rows]
 
 

@@ -1,6 +1,8 @@
 """Release objects, explanations, and the result tables they are written to.
 
-Each statement of a released batch becomes one DuckDB table in the main schema: its group-key
+Each statement of a released batch becomes one result table in the main schema (a view over
+the release's stored answers in ``dpsql_results``: :func:`dpsql.store.database.write_tables`;
+read it as any table, drop it with ``DROP VIEW``): its group-key
 columns (NULL where a grouping set rolls a column up, or for the NULL group of a nullable
 column), ``grouping_id`` when the statement has several grouping sets (bit i set when the
 i-th key column is rolled up, as DuckDB's ``GROUPING()``), then the noisy ``count``, its exact

@@ -70,7 +70,7 @@ def tables(path) -> set:
     con = duckdb.connect(path, read_only=True)
     try:
         return {r[0] for r in con.execute(
-            "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main'").fetchall()}
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main'").fetchall()}
     finally:
         con.close()
 

@@ -86,7 +86,7 @@ def test_aborted_run_refunds_nothing(tmp_path, monkeypatch):
     assert db.budget("adult")["epsilon_spent"] == Fraction(1, 2)
     assert db.ledger()[-1]["status"] == "charged"
     with db.db.connect() as con:
-        assert not con.execute("SELECT count(*) FROM duckdb_tables() "
+        assert not con.execute("SELECT count(*) FROM information_schema.tables "
                                "WHERE table_name LIKE 'dp_r%'").fetchone()[0]
 
 

@@ -231,7 +231,7 @@ def state(path) -> tuple:
         ledger_rows = (con.execute("SELECT * FROM dpsql.ledger ORDER BY release_id").fetchall()
                        if ledger.has_schema(con) else [])
         tables = sorted(con.execute(
-            "SELECT schema_name || '.' || table_name FROM duckdb_tables()").fetchall())
+            "SELECT table_schema || '.' || table_name FROM information_schema.tables").fetchall())
     return tuple(map(tuple, ledger_rows)), tuple(tables)
 
 

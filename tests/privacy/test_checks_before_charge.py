@@ -55,7 +55,7 @@ def dx_db(tmp_path_factory):
 def _tables(db) -> set:
     with db.db.connect() as con:
         return {r[0].lower() for r in con.execute(
-            "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main'").fetchall()}
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main'").fetchall()}
 
 
 def attempt(db, sql, **kw) -> str:

@@ -114,7 +114,7 @@ POINTS = [
     ("noise", "sampler", "after", 1, "charged"),
     ("measured", "dpsql.release.path:KernelHandle.receipt", "after", 1, "charged"),
     ("inferred", "dpsql.release.path:write_results", "before", 1, "charged"),
-    ("staged", "dpsql.store.database:_stage_rows", "after", 1, "charged"),
+    ("staged", "dpsql.store.database:_store_rows", "after", 1, "charged"),
     ("tables", "dpsql.store.database:_create_tables", "after", 1, "charged"),
     ("before_mark", "dpsql.store.ledger:mark_released", "before", 1, "charged"),
     ("after_mark", "dpsql.store.ledger:mark_released", "after", 1, "charged"),
@@ -366,10 +366,13 @@ def check_invariant(path: str) -> dict:
         linked = con.execute("SELECT release_id, table_name, n_rows FROM "
                              "dpsql.release_tables").fetchall()
         stored = {r[0] for r in con.execute("SELECT release_id FROM dpsql.measurements").fetchall()}
-        tables = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE "
-                                            "schema_name = 'main' AND table_name <> 'adult'").fetchall()}
+        tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables WHERE "
+                                            "table_schema = 'main' AND table_name <> 'adult'").fetchall()}
         counts = {t: con.execute(f'SELECT count(*) FROM main."{t}"').fetchone()[0]
                   for t in tables}
+        answers = {int(r[0][1:].split("_")[0]) for r in con.execute(   # r<release>_<k>
+            "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'dpsql_results'"
+        ).fetchall()}
     finally:
         con.close()
     status = {r[0]: r[1] for r in rows}
@@ -389,6 +392,7 @@ def check_invariant(path: str) -> dict:
         else:                         # nothing of it
             assert release_id not in linked_by and release_id not in stored
     assert tables <= {t for ts in linked_by.values() for t in ts}, "an orphan table"
+    assert answers <= {r[0] for r in rows if r[1] == "released"}, "stored answers orphaned"
     epsilon = sum((fraction_from_text(r[2]) for r in rows), Fraction(0))
     metric = sum((fraction_from_text(r[3]) for r in rows if r[3]), Fraction(0))
     with dpsql.connect(path) as db:                  # dpsql reopens it and agrees exactly
@@ -653,8 +657,8 @@ def _fault_and_retry(driver, path, route, mode, point, before) -> None:
 
 def test_the_invariant_check_catches_broken_ledgers(templates, scratch):
     """The check itself can fail: a released entry missing a table, a charged entry with
-    linked tables, an orphan table and a released matrix release without its stored
-    measurements are each refused, and so is an implicit release relabelled as a dense
+    linked tables, an orphan table, stored answers of no release and a released matrix
+    release without its stored measurements are each refused, and so is an implicit release relabelled as a dense
     one (the exemption from stored measurements is the implicit strategies' only)."""
     import dpsql
 
@@ -668,9 +672,10 @@ def test_the_invariant_check_catches_broken_ledgers(templates, scratch):
         con.close()
         return path
 
-    for sql in ("DROP TABLE weekly_total",
+    for sql in ("DROP VIEW weekly_total",
                 "UPDATE dpsql.ledger SET status = 'charged'",
                 "CREATE TABLE main.stray AS SELECT 1 AS x",
+                "CREATE TABLE dpsql_results.r99_0 AS SELECT 1 AS x",
                 "DELETE FROM dpsql.measurements"):
         with pytest.raises(AssertionError):
             check_invariant(broken(sql))

@@ -61,7 +61,7 @@ def check_consistent(path: str) -> dict:
         linked = con.execute("SELECT release_id, table_name, n_rows FROM "
                              "dpsql.release_tables").fetchall()
         tables = {r[0] for r in con.execute(
-            "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main'").fetchall()}
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main'").fetchall()}
         policy = json.loads(con.execute(
             "SELECT policy FROM dpsql.policies WHERE table_name = 'adult'").fetchone()[0])
         counts = {t: con.execute(f'SELECT count(*) FROM main."{t}"').fetchone()[0]

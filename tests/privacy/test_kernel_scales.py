@@ -102,8 +102,8 @@ def _refused_after_charge(db, match, sql, kind, **kwargs):
 
 def _tables(db) -> list:
     with db.db.connect() as con:
-        return [r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() "
-                                          "WHERE schema_name = 'main'").fetchall()]
+        return [r[0] for r in con.execute("SELECT table_name FROM information_schema.tables "
+                                          "WHERE table_schema = 'main'").fetchall()]
 
 
 def _tamper_matrix_scale(monkeypatch, family):

@@ -333,3 +333,31 @@ def test_explain_reports_the_certified_gap_of_the_optimal_strategy(adult_db):
     (c,) = e.candidates
     assert 0 <= c.gap <= 1e-5
     assert "gap" in str(e) and c.bound_ratio >= 1 - 1e-9
+
+
+def test_result_tables_are_views_over_the_release_stored_answers(adult_db):
+    """Each statement's result table is a view in main over one stored table per column
+    layout (``dpsql_results.r<release>_<k>``): the rows read back in order, equal to the
+    release's, and a replaced name points at the new release's answers."""
+    sql = ["SELECT sex, COUNT(*) FROM adult GROUP BY sex",
+           "SELECT race, COUNT(*) FROM adult GROUP BY race",
+           "SELECT COUNT(*) FROM adult WHERE age > 40"]
+    r = adult_db.answer(sql + ["CREATE TABLE mine AS SELECT income, COUNT(*) FROM adult "
+                         "GROUP BY income"], epsilon=0.2, delta=1e-6)
+    again = adult_db.answer("CREATE OR REPLACE TABLE mine AS SELECT sex, COUNT(*) FROM adult "
+                      "GROUP BY sex", epsilon=0.1, delta=1e-6)
+    with adult_db.db.connect() as con:
+        kinds = dict(con.execute("SELECT table_name, table_type FROM information_schema."
+                                 "tables WHERE table_schema = 'main'").fetchall())
+        stored = sorted(t for (t,) in con.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'dpsql_results'"
+        ).fetchall())
+        for name, result in zip(r.tables[:3], r.results[:3]):
+            assert con.execute(f'SELECT * FROM "{name}"').fetchall() == result.rows
+        mine = con.execute("SELECT * FROM mine").fetchall()
+    assert all(kinds[t] == "VIEW" for t in r.tables) and kinds["adult"] == "BASE TABLE"
+    # one stored table per column layout (sex, race, the total, income), then the new one
+    assert stored == sorted([f"r{r.release_id}_{k}" for k in range(4)]
+                            + [f"r{again.release_id}_0"])
+    assert mine == again.results[0].rows and again.results[0].columns[0] == "sex"
+    assert adult_db.read_results("SELECT * FROM mine").rows == again.results[0].rows

@@ -77,8 +77,8 @@ def _snapshot(path: str) -> dict:
     con = duckdb.connect(path, read_only=True)
     try:
         out = {"catalog": _catalog_of(con),
-               "main": con.execute("SELECT table_name FROM duckdb_tables() WHERE schema_name "
-                                   "= 'main' ORDER BY 1").fetchall()}
+               "main": con.execute("SELECT table_name FROM information_schema.tables WHERE "
+                                   "table_schema = 'main' ORDER BY 1").fetchall()}
         for table in out["catalog"]:
             out[table] = sorted(map(repr, con.execute(f"SELECT * FROM dpsql.{table}")
                                     .fetchall()))
@@ -353,3 +353,31 @@ def test_a_database_without_dpsql_tables_is_left_alone_until_protected(tmp_path)
         session.protect("t", {"epsilon": 1, "delta": 1e-6,
                               "columns": {"x": {"type": "integer", "min": 0, "max": 9}}})
     assert set(_catalog(path)) == set(schema.TABLES)
+
+
+# --------------------------------------------------------------------------- result views
+
+
+def test_old_result_tables_are_read_back_and_replaced_by_views(db, old_path):
+    """Version 3 writes result tables as views over the release's stored answers. The
+    5a7e430 result tables stay base tables: still recognised and read back for free, and a
+    release that replaces one (CREATE OR REPLACE TABLE) drops it and writes a view."""
+    first = RELEASES["1"]["results"][0]
+    read = db.read_results(f"SELECT * FROM {first['name']}")
+    assert [list(r) for r in read.rows] == first["rows"]
+    r = db.answer(f"CREATE OR REPLACE TABLE {first['name']} AS SELECT sex, COUNT(*) FROM adult "
+                  "GROUP BY sex", epsilon=0.1, delta=0, strategy="identity")
+    assert r.release_id == len(RECORD["ledger"]) + 1
+    db.close()
+    con = duckdb.connect(old_path, read_only=True)
+    try:
+        kinds = dict(con.execute("SELECT table_name, table_type FROM information_schema.tables "
+                                 "WHERE table_schema = 'main'").fetchall())
+        rows = con.execute(f"SELECT * FROM {first['name']}").fetchall()
+        stored = con.execute("SELECT table_name FROM duckdb_tables() WHERE schema_name = "
+                             "'dpsql_results'").fetchall()
+    finally:
+        con.close()
+    assert kinds[first["name"]] == "VIEW" and kinds["dp_r1_q2"] == "BASE TABLE"
+    assert rows == [tuple(row) for row in r.results[0].rows]
+    assert stored == [(f"r{r.release_id}_0",)]
