@@ -108,10 +108,18 @@ def serve(sock_path: str) -> None:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(sock_path)
     listener.listen(8)
+    listener.settimeout(5)
+    parent = os.getppid()
     print("ready", flush=True)
     sys.stderr.flush()
     while True:
-        conn, _ = listener.accept()
+        try:
+            conn, _ = listener.accept()
+        except TimeoutError:
+            if os.getppid() != parent:  # the test run is gone (killed): do not linger
+                return
+            continue
+        conn.settimeout(None)
         try:
             request, fds = _receive(conn)
         except (OSError, EOFError, ValueError):
