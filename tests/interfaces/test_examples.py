@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import stat
 import subprocess
 import sys
 
@@ -18,6 +17,7 @@ from sqlglot import exp
 from dpsql.interfaces.scripts import parse_script
 
 from ..conftest import ROOT
+from .zygote import Zygote
 
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 REPORTS = sorted((ROOT / "sql").glob("*.sql"))  # top level only: not sql/fixtures
@@ -38,9 +38,33 @@ def test_there_is_something_to_run():
             "age_distribution.sql", "ranges_and_predicates.sql"} <= names
 
 
+@pytest.fixture(scope="module")
+def zygote(tmp_path_factory):
+    """A fork server that imports dpsql once: the snippets' ``dpsql`` commands and Python
+    blocks each still run in a process of their own (argv, directory, environment, streams
+    and exit status), without paying a fresh interpreter's imports (seconds each)."""
+    with Zygote(tmp_path_factory.mktemp("zygote")) as z:
+        yield z
+
+
+def test_the_fork_server_passes_on_what_a_command_did(zygote, tmp_path):
+    """The snippets' checks hold through the fork server: a command's exit status, stdout,
+    stderr, working directory and arguments are its own (a failing snippet still fails)."""
+    env = dict(os.environ, PATH=f"{zygote.bindir}{os.pathsep}{os.environ['PATH']}")
+    out = run(["bash", "-e", "-c", "dpsql no-such-command"], tmp_path, env=env)
+    assert out.returncode == 64 and "invalid choice" in out.stderr, out
+    out = run(["bash", "-c", "dpsql --version"], tmp_path, env=env)
+    assert out.returncode == 0 and out.stdout.strip(), out
+    out = run(zygote.argv("code", "import os, sys; print(os.getcwd(), sys.argv[1:]); "
+                          "sys.exit(3)", "x"), tmp_path)
+    assert (out.returncode, out.stdout) == (3, f"{tmp_path} ['x']\n"), out
+    out = run(zygote.argv("code", "1 / 0"), tmp_path)
+    assert out.returncode == 1 and "ZeroDivisionError" in out.stderr, out
+
+
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
-def test_example_runs(example, tmp_path):
-    out = run([sys.executable, example], tmp_path)
+def test_example_runs(example, tmp_path, zygote):
+    out = run(zygote.argv("path", example), tmp_path)  # `python example.py`, forked
     assert out.returncode == 0, out.stderr[-3000:]
     assert "Traceback" not in out.stderr
 
@@ -86,29 +110,26 @@ def test_every_report_runs_on_one_fresh_demo_database(demo_db):
     assert dpsql("ledger", demo_db).stdout == before
 
 
-def _run_doc_blocks(text: str, tmp_path, before=()) -> None:
+def _run_doc_blocks(text: str, tmp_path, zygote, before=()) -> None:
     """Run a doc's ```sh / ```python blocks in order in ``tmp_path``, as a reader would: with
     `sql/` and a `dpsql` command available (as in a checkout with dpsql installed)."""
     blocks = re.findall(r"```(sh|python)\n(.*?)```", text, flags=re.S)
     assert len(blocks) >= 3
     (tmp_path / "sql").symlink_to(ROOT / "sql")
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    wrapper = bindir / "dpsql"
-    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m dpsql "$@"\n')
-    wrapper.chmod(wrapper.stat().st_mode | stat.S_IEXEC)
-    env = dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    env = dict(os.environ, PATH=f"{zygote.bindir}{os.pathsep}{os.environ['PATH']}")
     for lang, code in [("sh", b) for b in before] + blocks:
-        args = ["bash", "-e", "-c", code] if lang == "sh" else [sys.executable, "-c", code]
+        args = ["bash", "-e", "-c", code] if lang == "sh" else zygote.argv("code", code)
         out = run(args, tmp_path, env=env)
         assert out.returncode == 0, f"{code}\n--- stdout\n{out.stdout}\n--- stderr\n{out.stderr}"
 
 
-def test_docs_snippets_run(tmp_path):
+def test_docs_snippets_run(tmp_path, zygote):
     """The ```sh and ```python blocks of docs/scripts.md, in order, in an empty directory."""
-    _run_doc_blocks((ROOT / "docs" / "scripts.md").read_text(encoding="utf-8"), tmp_path)
+    _run_doc_blocks((ROOT / "docs" / "scripts.md").read_text(encoding="utf-8"), tmp_path,
+                    zygote)
     # the refused edit in the walkthrough was really refused, the new edition released
-    ledger = dpsql("ledger", tmp_path / "census.duckdb").stdout
+    ledger = run(zygote.argv("module", "dpsql", "ledger", tmp_path / "census.duckdb"),
+                 ROOT).stdout
     assert "weekly_seniors" in ledger
     # --csv DIR: one file per result table, one header each; --json: one document
     files = sorted((tmp_path / "weekly").glob("*.csv"))
@@ -118,10 +139,12 @@ def test_docs_snippets_run(tmp_path):
     assert doc["workloads"] and all(w["tables"] for w in doc["workloads"])
 
 
-def test_readme_interface_examples_run(tmp_path):
+def test_readme_interface_examples_run(tmp_path, zygote):
     """The blocks of the README's "Three ways in", on the demo database it says to build."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     section = text.split("## Three ways in", 1)[1].split("\n## ", 1)[0]
-    _run_doc_blocks(section, tmp_path, before=["dpsql demo --db census.duckdb > /dev/null"])
-    ledger = dpsql("ledger", tmp_path / "census.duckdb").stdout
+    _run_doc_blocks(section, tmp_path, zygote,
+                    before=["dpsql demo --db census.duckdb > /dev/null"])
+    ledger = run(zygote.argv("module", "dpsql", "ledger", tmp_path / "census.duckdb"),
+                 ROOT).stdout
     assert ledger.count("adult") >= 4  # demo, shell, script, two DB-API executes

@@ -15,17 +15,9 @@ from dpsql.mechanisms import fit, implicit_cost, selection
 from dpsql.sql.compile import compile_workload
 from dpsql.sql.implicit import compile_batch
 from dpsql.workload import limits as planning
-from tests.conftest import make_adult_db
 
 CUBE = ("SELECT age, sex, race, income, COUNT(*) FROM adult "
         "GROUP BY CUBE(age, sex, race, income)")
-
-
-@pytest.fixture
-def db(tmp_path):
-    session = make_adult_db(str(tmp_path / "adult.duckdb"), epsilon=10.0, delta=1e-3)
-    yield session
-    session.close()
 
 
 def _forms(db):

@@ -39,13 +39,6 @@ def dense_form(monkeypatch):
 
 
 @pytest.fixture
-def db(tmp_path):
-    session = make_adult_db(str(tmp_path / "adult.duckdb"), epsilon=10.0, delta=1e-3)
-    yield session
-    session.close()
-
-
-@pytest.fixture
 def no_eigen(monkeypatch):
     """Any lower-bound or eigendecomposition work fails the test: the size checks must
     decide first."""

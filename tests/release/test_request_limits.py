@@ -10,16 +10,8 @@ import dpsql
 from dpsql.errors import BatchTooLarge
 from dpsql.mechanisms import fit, selection
 from dpsql.workload import limits as planning
-from tests.conftest import make_adult_db
 
 WIDE = "SELECT race, sex, income, COUNT(*) FROM adult GROUP BY CUBE(race, sex, income)"
-
-
-@pytest.fixture
-def db(tmp_path):
-    session = make_adult_db(str(tmp_path / "adult.duckdb"), epsilon=10.0, delta=1e-3)
-    yield session
-    session.close()
 
 
 def _sizes(db):
