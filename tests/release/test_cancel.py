@@ -199,6 +199,17 @@ def test_an_interrupt_during_the_fork_is_not_lost(interrupt):
     assert [k for k in children(os.getpid()) if k not in before] == []
 
 
+def test_run_cancellable_forks_only_inside_a_request():
+    """Numerics reached both during planning and elsewhere (a worker, after the charge):
+    a killable worker inside a request, inline outside one (nothing to cancel there)."""
+    assert cancel.run_cancellable(os.getpid, seconds=10.0) == os.getpid()
+    with cancel.scope(cancel.Token()):
+        assert cancel.run_cancellable(os.getpid, seconds=10.0) != os.getpid()
+        assert cancel.run_cancellable(os.getpid, seconds=0.0) == os.getpid()   # cheap
+        with cancel.committed():
+            assert cancel.run_cancellable(os.getpid, seconds=10.0) == os.getpid()
+
+
 # --------------------------------------------------------------------------- terminals
 
 def paste(child, text: str) -> None:

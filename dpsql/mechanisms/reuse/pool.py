@@ -211,14 +211,14 @@ class Pool:
 
     def _decomposition(self):
         """``G⁺`` for ``G = M̃ M̃ᵀ`` (:meth:`_pseudo_inverse`), computed once per set of
-        terms: in a killable worker (:func:`dpsql.cancel.run`) when predicted to take long
-        (:func:`decomposition_seconds`), so a cancel never waits for LAPACK."""
+        terms: in a killable worker (:func:`dpsql.cancel.run_cancellable`) when predicted to
+        take long (:func:`decomposition_seconds`), so a cancel never waits for LAPACK."""
         if self._gram is None:
             sizes = [rec.A.shape[0] for rec, _ in self._terms]
             entries = [rec.A.nnz if sp.issparse(rec.A) else np.size(rec.A)
                        for rec, _ in self._terms]
-            self._gram = cancel.run(self._pseudo_inverse,
-                                    seconds=decomposition_seconds(sizes, entries))
+            self._gram = cancel.run_cancellable(self._pseudo_inverse,
+                                                seconds=decomposition_seconds(sizes, entries))
         return self._gram
 
     def _pseudo_inverse(self) -> np.ndarray:
