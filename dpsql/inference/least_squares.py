@@ -85,7 +85,7 @@ class LeastSquares:
         if self.plan.A is None:
             return
         self._chol, self._svd = cancel.run_cancellable(
-            _factors, self.plan, seconds=factorise_seconds(*self.plan.A.shape))
+            _factors, self.plan, seconds=factorise_seconds(self.plan.A))
 
     def _check_support(self, W) -> None:
         """Every query must be estimable: its row lies in the row space of A."""
@@ -154,13 +154,16 @@ class LeastSquares:
         return np.asarray(W @ x_hat, dtype=float).reshape(-1)
 
 
-def factorise_seconds(p: int, n: int) -> float:
-    """Predicted seconds of :func:`_factors` for a ``p x n`` strategy at the dense rate
-    :data:`~dpsql.workload.limits.FLOPS`: the Gram ``AᵀA`` (``2·p·n²``, dense-equivalent)
-    and its Cholesky factor (``n³/3``), or a thin SVD (about 15·p·n·min(p, n): ``MAX_SVD_WORK``
-    takes about 10 s)."""
+def factorise_seconds(A) -> float:
+    """Predicted seconds of :func:`_factors` for a ``p x n`` strategy ``A``: its Gram
+    ``AᵀA`` (dense: ``2·p·n²`` flops at :data:`~dpsql.workload.limits.FLOPS`; sparse:
+    about ``nnz²/n`` multiply-adds at ``SPARSE_SECONDS_PER_OP``) and its Cholesky factor
+    (``n³/3``), or a thin SVD (about 15·p·n·min(p, n): ``MAX_SVD_WORK`` takes about 10 s)."""
+    p, n = A.shape
     if p >= n and n <= MAX_DENSE_CELLS:
-        return (2.0 * p * n * n + n ** 3 / 3.0) / planning.FLOPS
+        gram = (planning.SPARSE_SECONDS_PER_OP * A.nnz * A.nnz / max(n, 1) if sp.issparse(A)
+                else 2.0 * p * n * n / planning.FLOPS)
+        return gram + n ** 3 / 3.0 / planning.FLOPS
     return 15.0 * p * n * min(p, n) / planning.FLOPS
 
 
