@@ -3,6 +3,7 @@ back, for each long planning step, against the 1-s target (issue 22 item 2).
 
     PYTHONPATH=. python benchmarks/cancel.py            # latencies (a few minutes)
     PYTHONPATH=. python benchmarks/cancel.py --full     # also the full selection's duration
+    PYTHONPATH=. python benchmarks/cancel.py --reuse    # the reuse decomposition only
 
 Steps: strategy selection by each slow strategy (``optimal``, ``coa``, ``eigen``, and
 ``auto``) over 600 random ranges of a 2,048-value column; MWEM's planning of the same batch
@@ -14,6 +15,12 @@ runs inline and is timed (its duration bounds the latency there). Routes:
 - ``cancel()``: ``Session.explain`` in a thread of this process; ``Session.cancel()`` from
   the main thread (what the DB-API's ``Connection.cancel()`` and the server's disconnect
   call); the latency is the call -> ``RequestCancelled`` raised in the thread.
+
+``reuse``: the answers-from-past-releases decision of a request after one release of every
+age (2,048 measurements): an eigendecomposition of the 2,048 x 2,048 Gram matrix of the past
+measurements (``dpsql.mechanisms.reuse.pool``); the signal or cancel is sent once its worker
+exists (or, when it runs inline, after :func:`patience`).
+``--reuse`` measures this step only.
 
 Latencies are wall-clock by nature; the machine is shared (load average printed). ``--full``
 runs the ``optimal`` selection to its end and reports its CPU time (this process and its
@@ -43,6 +50,10 @@ from dpsql.workload import limits  # noqa: E402
 N_CELLS, N_RANGES = 2048, 600
 TARGET = 1.0
 STEPS = ("optimal", "coa", "eigen", "auto")
+#: the reuse step: a release of every age, then a request over ranges of ages (identity)
+REUSE_PAST = "SELECT age, COUNT(*) FROM adult GROUP BY age"
+REUSE_BATCH = ["SELECT COUNT(*) FROM adult WHERE age BETWEEN 10 AND 900",
+               "SELECT COUNT(*) FROM adult WHERE age BETWEEN 5 AND 2000"]
 
 
 def batch(seed: int = 1) -> list[str]:
@@ -92,8 +103,25 @@ def in_long_step(pid: int, alive, patience: float) -> str:
     return "ended"
 
 
-def patience(step: str) -> float:
+def patience(step: str, route: str = "signal") -> float:
+    """How long to wait for a worker. The reuse step: 5 s in this process (past the pool's
+    set-up), 60 s for a command (its start-up alone takes 10 s or more on a loaded machine)."""
+    if step == "reuse":
+        return 5.0 if route == "cancel()" else 60.0
     return 120.0
+
+
+def strategy_of(step: str) -> str:
+    return "identity" if step == "reuse" else step
+
+
+def reuse_database(where: str) -> str:
+    """The wide table after one release of every age (the reuse step's past release)."""
+    os.makedirs(os.path.join(where, "reuse"))
+    path = database(os.path.join(where, "reuse"))
+    with dpsql.connect(path) as db:
+        db.answer(REUSE_PAST, epsilon=0.5, delta=1e-6, strategy="identity")
+    return path
 
 
 def delta_of(step: str) -> str:
@@ -120,7 +148,7 @@ def by_signal(path: str, script: str, step: str, sig: int) -> tuple[float, str, 
     """Signal -> the one-line ``cancelled: ...`` message (what a terminal user sees before
     the prompt); the exit follows (interpreter shutdown, reported separately)."""
     argv = [sys.executable, "-m", "dpsql", "explain", path, script, "--epsilon", "0.5",
-            "--delta", delta_of(step), "--strategy", step, "--time-limit", "86400",
+            "--delta", delta_of(step), "--strategy", strategy_of(step), "--time-limit", "86400",
             "--quiet"]
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, env=dict(os.environ, PYTHONPATH=ROOT))
@@ -146,7 +174,8 @@ def by_cancel(path: str, sql: list[str], step: str) -> tuple[float, str, str]:
     def run() -> None:
         try:
             with limits.applied(time_limit=86400, max_memory=8 << 30):
-                session.explain(sql, epsilon=0.5, delta=float(delta_of(step)), strategy=step)
+                session.explain(sql, epsilon=0.5, delta=float(delta_of(step)),
+                                strategy=strategy_of(step))
             out["result"] = "finished"
         except RequestCancelled:
             out["result"] = "cancelled"
@@ -154,7 +183,7 @@ def by_cancel(path: str, sql: list[str], step: str) -> tuple[float, str, str]:
 
     thread = threading.Thread(target=run)
     thread.start()
-    where = in_long_step(os.getpid(), thread.is_alive, patience(step))
+    where = in_long_step(os.getpid(), thread.is_alive, patience(step, "cancel()"))
     sent = time.monotonic()
     session.cancel()
     thread.join()
@@ -175,33 +204,50 @@ def full_selection(path: str, sql: list[str]) -> None:
           f"{time.monotonic() - wall:.1f} s, load average {os.getloadavg()[0]:.1f}")
 
 
+def routes(path: str, script: str, sql: list[str], step: str) -> float:
+    """Each route's latency for ``step``, printed; the worst."""
+    worst = 0.0
+    for route in ("SIGINT", "SIGTERM", "cancel()"):
+        if route == "cancel()":
+            latency, place, outcome = by_cancel(path, sql, step)
+        else:
+            sig = signal.SIGINT if route == "SIGINT" else signal.SIGTERM
+            latency, place, outcome = by_signal(path, script, step, sig)
+        worst = max(worst, latency)
+        mark = "ok" if latency <= TARGET else "OVER"
+        print(f"{step:<10} {route:<9} {place:<7} {latency:9.3f}  {outcome} {mark}",
+              flush=True)
+    return worst
+
+
+def script_of(where: str, name: str, sql: list[str]) -> str:
+    script = os.path.join(where, name)
+    with open(script, "w") as f:
+        f.write(";\n".join(sql) + ";\n")
+    return script
+
+
 def main() -> None:
     where = tempfile.mkdtemp(prefix="dpsql-cancel-bench-")
     try:
-        path = database(where)
         sql = batch()
-        script = os.path.join(where, "batch.sql")
-        with open(script, "w") as f:
-            f.write(";\n".join(sql) + ";\n")
         print(f"cancel latency (target {TARGET:g} s); {N_RANGES} ranges over {N_CELLS} "
               f"cells; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
         print(f"{'step':<10} {'route':<9} {'in':<7} {'latency s':>9}  outcome")
         worst = 0.0
-        for step in STEPS:
-            for route in ("SIGINT", "SIGTERM", "cancel()"):
-                if route == "cancel()":
-                    latency, place, outcome = by_cancel(path, sql, step)
-                else:
-                    sig = signal.SIGINT if route == "SIGINT" else signal.SIGTERM
-                    latency, place, outcome = by_signal(path, script, step, sig)
-                worst = max(worst, latency)
-                mark = "ok" if latency <= TARGET else "OVER"
-                print(f"{step:<10} {route:<9} {place:<7} {latency:9.3f}  {outcome} {mark}",
-                      flush=True)
-        mwem_planning(path, sql)
+        if "--reuse" not in sys.argv:
+            path = database(where)
+            script = script_of(where, "batch.sql", sql)
+            for step in STEPS:
+                worst = max(worst, routes(path, script, sql, step))
+        reused = reuse_database(where)
+        worst = max(worst, routes(reused, script_of(where, "reuse.sql", REUSE_BATCH),
+                                  REUSE_BATCH, "reuse"))
+        if "--reuse" not in sys.argv:
+            mwem_planning(path, sql)
         print(f"worst latency {worst:.3f} s ({'within' if worst <= TARGET else 'over'} the "
               f"{TARGET:g}-s target)")
-        if "--full" in sys.argv:
+        if "--full" in sys.argv and "--reuse" not in sys.argv:
             full_selection(path, sql)
     finally:
         shutil.rmtree(where, ignore_errors=True)

@@ -149,6 +149,15 @@ def run(fn: Callable, *args, seconds: float = 0.0):
         return value
 
 
+def run_cancellable(fn: Callable, *args, seconds: float = 0.0):
+    """:func:`run` inside a cancellable request; ``fn(*args)`` inline outside one (already in
+    a worker, where a cancel kills the worker itself, or after the charge, when nothing
+    cancels): for numerics reached both inside and outside a request's planning."""
+    if not active():
+        return fn(*args)
+    return run(fn, *args, seconds=seconds)
+
+
 class _WorkerLost(Exception):
     """The worker ended without a result, not killed by us nor for lack of memory."""
 

@@ -31,6 +31,8 @@ import math
 
 import numpy as np
 
+from dpsql import cancel
+from dpsql.workload import limits as planning
 from dpsql.workload.blocks import KronBlock, apply_along, helmert
 
 #: a row of W_i further than this (relative) from the row space of A_i is refused
@@ -98,7 +100,15 @@ def residual_answer(sizes, a: dict, y: dict, B) -> np.ndarray:
 
 
 def gram_pinv(A: np.ndarray) -> np.ndarray:
-    """``(AᵀA)⁺`` by a symmetric eigendecomposition (small factors only)."""
+    """``(AᵀA)⁺`` by a symmetric eigendecomposition (a Kronecker factor: one column's
+    domain), in a killable worker during a request's planning when predicted to take long
+    (``2·p·n²`` for the Gram, ``9·n³`` for ``eigh``, ``2·n³`` for the product)."""
+    p, n = np.shape(A)
+    return cancel.run_cancellable(_gram_pinv, A, seconds=(2.0 * p * n * n + 11.0 * n ** 3)
+                                  / planning.FLOPS)
+
+
+def _gram_pinv(A: np.ndarray) -> np.ndarray:
     lam, U = np.linalg.eigh(A.T @ A)
     keep = lam > 1e-12 * max(float(lam.max(initial=0.0)), 1e-300)
     return (U[:, keep] / lam[keep]) @ U[:, keep].T

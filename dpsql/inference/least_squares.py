@@ -25,7 +25,9 @@ import scipy.linalg as la
 import scipy.optimize as so
 import scipy.sparse as sp
 
+from dpsql import cancel
 from dpsql.errors import StrategyError
+from dpsql.workload import limits as planning
 from dpsql.workload.matrix import Plan
 
 #: largest p * n * min(p, n) for which a dense SVD of A is attempted (about 10 s on 2 cores)
@@ -77,31 +79,13 @@ class LeastSquares:
         return self._chol
 
     def _factorise(self) -> None:
-        plan = self.plan
-        if plan.A is None:
+        """The factorisation (:func:`_factors`): in a killable worker when predicted to take
+        long (:func:`factorise_seconds`) during a request's planning, so a cancel never
+        waits for LAPACK (e.g. a stored factor found invalid, refactorised at release)."""
+        if self.plan.A is None:
             return
-        p, n = plan.A.shape
-        if p >= n and n <= MAX_DENSE_CELLS:
-            G = plan.A.T @ plan.A
-            G = G.toarray() if sp.issparse(G) else np.asarray(G)
-            try:
-                c, low = la.cho_factor(G, lower=True, check_finite=False)
-                # a Cholesky factor of an ill-conditioned Gram matrix is not trusted
-                d = np.abs(np.diag(c))
-                if d.min() > 1e-7 * d.max():
-                    self._chol = (c, low)
-                    return
-            except la.LinAlgError:
-                pass
-        if float(p) * n * min(p, n) > MAX_SVD_WORK:
-            raise StrategyError(
-                f"strategy {plan.strategy!r}: a rank-deficient {p} x {n} strategy is too large "
-                "for dense least squares here; use strategy='identity' or a smaller batch")
-        dense = _dense(plan.A)
-        U, s, Vt = np.linalg.svd(dense, full_matrices=False)
-        tol = s.max(initial=0.0) * max(dense.shape) * np.finfo(float).eps
-        keep = s > tol
-        self._svd = (U[:, keep], s[keep], Vt[keep])
+        self._chol, self._svd = cancel.run_cancellable(
+            _factors, self.plan, seconds=factorise_seconds(self.plan.A))
 
     def _check_support(self, W) -> None:
         """Every query must be estimable: its row lies in the row space of A."""
@@ -168,6 +152,46 @@ class LeastSquares:
         U, s, Vt = self._svd
         x_hat = Vt.T @ ((U.T @ y) / s)
         return np.asarray(W @ x_hat, dtype=float).reshape(-1)
+
+
+def factorise_seconds(A) -> float:
+    """Predicted seconds of :func:`_factors` for a ``p x n`` strategy ``A``: its Gram
+    ``AᵀA`` (dense: ``2·p·n²`` flops at :data:`~dpsql.workload.limits.FLOPS`; sparse:
+    about ``nnz²/n`` multiply-adds at ``SPARSE_SECONDS_PER_OP``) and its Cholesky factor
+    (``n³/3``), or a thin SVD (about 15·p·n·min(p, n): ``MAX_SVD_WORK`` takes about 10 s)."""
+    p, n = A.shape
+    if p >= n and n <= MAX_DENSE_CELLS:
+        gram = (planning.SPARSE_SECONDS_PER_OP * A.nnz * A.nnz / max(n, 1) if sp.issparse(A)
+                else 2.0 * p * n * n / planning.FLOPS)
+        return gram + n ** 3 / 3.0 / planning.FLOPS
+    return 15.0 * p * n * min(p, n) / planning.FLOPS
+
+
+def _factors(plan: Plan) -> tuple:
+    """``(cholesky, svd)`` of ``plan.A``, one of them None: the Cholesky factor of ``AᵀA``
+    when it is well conditioned (full column rank), else the thin SVD ``(U, s, Vt)`` over the
+    nonzero singular values."""
+    p, n = plan.A.shape
+    if p >= n and n <= MAX_DENSE_CELLS:
+        G = plan.A.T @ plan.A
+        G = G.toarray() if sp.issparse(G) else np.asarray(G)
+        try:
+            c, low = la.cho_factor(G, lower=True, check_finite=False)
+            # a Cholesky factor of an ill-conditioned Gram matrix is not trusted
+            d = np.abs(np.diag(c))
+            if d.min() > 1e-7 * d.max():
+                return (c, low), None
+        except la.LinAlgError:
+            pass
+    if float(p) * n * min(p, n) > MAX_SVD_WORK:
+        raise StrategyError(
+            f"strategy {plan.strategy!r}: a rank-deficient {p} x {n} strategy is too large "
+            "for dense least squares here; use strategy='identity' or a smaller batch")
+    dense = _dense(plan.A)
+    U, s, Vt = np.linalg.svd(dense, full_matrices=False)
+    tol = s.max(initial=0.0) * max(dense.shape) * np.finfo(float).eps
+    keep = s > tol
+    return None, (U[:, keep], s[keep], Vt[keep])
 
 
 def valid_factor(plan: Plan, c, lower) -> bool:

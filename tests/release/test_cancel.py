@@ -199,6 +199,17 @@ def test_an_interrupt_during_the_fork_is_not_lost(interrupt):
     assert [k for k in children(os.getpid()) if k not in before] == []
 
 
+def test_run_cancellable_forks_only_inside_a_request():
+    """Numerics reached both during planning and elsewhere (a worker, after the charge):
+    a killable worker inside a request, inline outside one (nothing to cancel there)."""
+    assert cancel.run_cancellable(os.getpid, seconds=10.0) == os.getpid()
+    with cancel.scope(cancel.Token()):
+        assert cancel.run_cancellable(os.getpid, seconds=10.0) != os.getpid()
+        assert cancel.run_cancellable(os.getpid, seconds=0.0) == os.getpid()   # cheap
+        with cancel.committed():
+            assert cancel.run_cancellable(os.getpid, seconds=10.0) == os.getpid()
+
+
 # --------------------------------------------------------------------------- terminals
 
 def paste(child, text: str) -> None:
@@ -365,3 +376,62 @@ def test_a_token_cancel_lands_inside_a_long_compile(adult_db):
                                                                whole)
     assert adult_db.ledger() == []
     assert adult_db.answer(OTHER, epsilon=0.1, delta=1e-6).release_id == 1   # not stuck
+
+
+# --------------------------------------------------------------------------- reuse
+
+#: answers from past releases: one release of every age (2,048 measurements, the most a
+#: pool combines) makes the next request's reuse decision an eigendecomposition of a
+#: 2,048 x 2,048 Gram matrix (seconds of LAPACK)
+PAST = "SELECT age, COUNT(*) FROM adult GROUP BY age"
+REUSING = ["SELECT COUNT(*) FROM adult WHERE age BETWEEN 10 AND 900",
+           "SELECT COUNT(*) FROM adult WHERE age BETWEEN 5 AND 2000"]
+
+
+def test_a_token_cancel_lands_inside_a_large_reuse_decomposition(wide, monkeypatch):
+    """Session.cancel() while the reuse decision decomposes the past releases' Gram matrix:
+    the decomposition runs in a killable worker (cancel.run), which is killed; it never
+    returns, and nothing is charged."""
+    from dpsql.mechanisms.reuse.pool import Pool
+
+    db = dpsql.connect(wide)
+    ask = dict(epsilon=0.5, delta=1e-6, strategy="identity")
+    db.answer(PAST, **ask)
+    ledger = db.ledger()
+    real, calls, started = cancel.run, [], threading.Event()
+
+    def spy(fn, *args, seconds=0.0):
+        decomposition = getattr(fn, "__func__", None) is Pool._pseudo_inverse
+        if decomposition:
+            calls.append(("started", seconds))
+            started.set()
+        value = real(fn, *args, seconds=seconds)
+        if decomposition:
+            calls.append(("returned", seconds))
+        return value
+
+    monkeypatch.setattr(cancel, "run", spy)
+    outcome: dict = {}
+
+    def answer():
+        try:
+            db.answer(REUSING, **ask)
+            outcome["finished"] = True
+        except RequestCancelled as exc:
+            outcome["error"] = exc
+
+    runner = threading.Thread(target=answer)
+    before = children(os.getpid())
+    runner.start()
+    assert started.wait(TIMEOUT), "the reuse decision never decomposed"
+    workers = wait_for_worker(os.getpid(), runner.is_alive, before)
+    db.cancel()
+    runner.join(TIMEOUT)
+    assert not runner.is_alive()
+    assert "finished" not in outcome
+    assert "nothing was charged" in str(outcome["error"])
+    assert [c for c, _ in calls] == ["started"]              # it never returned
+    assert calls[0][1] > cancel.LONG_STEP                    # predicted long: a worker
+    assert gone(workers)                                     # killed and reaped
+    assert db.ledger() == ledger
+    db.close()

@@ -26,6 +26,7 @@ import scipy.sparse as sp
 from dpsql import cancel
 from dpsql.mechanisms.reuse.records import Record
 from dpsql.store.results import Z95
+from dpsql.workload import limits as planning
 
 #: the largest common refinement (cells) over which past releases are combined
 MAX_REFINED_CELLS = 4_000_000
@@ -42,6 +43,18 @@ def predicted_bytes(n_refined: int, n_columns: int, n_terms: int, m: int) -> int
     grid, one int64 per column, and a CSR matrix: ~8·(columns + 4) bytes per cell), plus
     the whitened measurements' Gram and its eigendecomposition (3·m² doubles)."""
     return 8 * n_refined * (n_columns + 4) * (n_terms + 1) + 24 * m * m
+
+
+def decomposition_seconds(sizes, entries) -> float:
+    """Predicted seconds of :meth:`Pool._pseudo_inverse` for terms of ``sizes``
+    measurements whose matrices ``A_i`` store ``entries`` values: the Gram's blocks (``A_i``
+    times a dense block of ``m_j`` columns: ``2·entries_i·m_j`` flops), the
+    eigendecomposition (about ``9·m³``) and ``G⁺`` from it (up to ``2·m³``), at the dense
+    rate :data:`~dpsql.workload.limits.FLOPS`."""
+    m = float(sum(sizes))
+    blocks = sum(2.0 * entries[i] * sizes[j]
+                 for i in range(len(sizes)) for j in range(i, len(sizes)))
+    return (11.0 * m ** 3 + blocks) / planning.FLOPS
 
 
 class Refinement:
@@ -131,15 +144,13 @@ class Pool:
     def _over_share(self, m: int) -> str:
         """Why the analysis is skipped (its predicted memory over :data:`MAX_SHARE` of the
         planning limit), or ''."""
-        from dpsql.workload import limits
-
         need = predicted_bytes(self.refinement.n, len(self.refinement.columns),
                                len(self.records), m + MAX_MEASUREMENTS // 2)
-        room = limits.current().max_memory * MAX_SHARE
+        room = planning.current().max_memory * MAX_SHARE
         if not self.records or need <= room:
             return ""
         return (f"skipped: combining {len(self.records)} past releases would need about "
-                f"{limits.show_bytes(need)} ({self.refinement.n:,} refined cells), over "
+                f"{planning.show_bytes(need)} ({self.refinement.n:,} refined cells), over "
                 f"{MAX_SHARE:.3g} of the planning memory limit; the batch is planned afresh "
                 "(the same answers, only none free)")
 
@@ -199,23 +210,33 @@ class Pool:
         return out / math.sqrt(rec.variance)
 
     def _decomposition(self):
-        """``G⁺`` for ``G = M̃ M̃ᵀ``, block by block: ``G_ij = A_i (P_i P_jᵀ) A_jᵀ / √(v_i v_j)``
-        (a symmetric eigendecomposition of the m x m ``G``)."""
+        """``G⁺`` for ``G = M̃ M̃ᵀ`` (:meth:`_pseudo_inverse`), computed once per set of
+        terms: in a killable worker (:func:`dpsql.cancel.run_cancellable`) when predicted to
+        take long (:func:`decomposition_seconds`), so a cancel never waits for LAPACK."""
         if self._gram is None:
             sizes = [rec.A.shape[0] for rec, _ in self._terms]
-            G = np.zeros((sum(sizes), sum(sizes)))
-            starts = np.concatenate([[0], np.cumsum(sizes)])
-            for i, (rec_i, P_i) in enumerate(cancel.checked(self._terms)):
-                for j in range(i, len(self._terms)):
-                    block = rec_i.A @ self._through(P_i, j) / math.sqrt(rec_i.variance)
-                    block = np.asarray(block)
-                    G[starts[i]:starts[i + 1], starts[j]:starts[j + 1]] = block
-                    G[starts[j]:starts[j + 1], starts[i]:starts[i + 1]] = block.T
-            lam, V = la.eigh(G, check_finite=False)
-            tol = max(float(lam.max(initial=0.0)), 0.0) * G.shape[0] * 1e-12
-            keep = lam > tol
-            self._gram = (V[:, keep] / lam[keep]) @ V[:, keep].T
+            entries = [rec.A.nnz if sp.issparse(rec.A) else np.size(rec.A)
+                       for rec, _ in self._terms]
+            self._gram = cancel.run_cancellable(self._pseudo_inverse,
+                                                seconds=decomposition_seconds(sizes, entries))
         return self._gram
+
+    def _pseudo_inverse(self) -> np.ndarray:
+        """``G⁺``, block by block: ``G_ij = A_i (P_i P_jᵀ) A_jᵀ / √(v_i v_j)`` (a symmetric
+        eigendecomposition of the m x m ``G``)."""
+        sizes = [rec.A.shape[0] for rec, _ in self._terms]
+        G = np.zeros((sum(sizes), sum(sizes)))
+        starts = np.concatenate([[0], np.cumsum(sizes)])
+        for i, (rec_i, P_i) in enumerate(cancel.checked(self._terms)):
+            for j in cancel.checked(range(i, len(self._terms))):
+                block = rec_i.A @ self._through(P_i, j) / math.sqrt(rec_i.variance)
+                block = np.asarray(block)
+                G[starts[i]:starts[i + 1], starts[j]:starts[j + 1]] = block
+                G[starts[j]:starts[j + 1], starts[i]:starts[i + 1]] = block.T
+        lam, V = la.eigh(G, check_finite=False)
+        tol = max(float(lam.max(initial=0.0)), 0.0) * G.shape[0] * 1e-12
+        keep = lam > tol
+        return (V[:, keep] / lam[keep]) @ V[:, keep].T
 
     def _weights(self, W) -> tuple[np.ndarray, np.ndarray]:
         """(``c`` per row, estimable per row)."""
