@@ -21,9 +21,9 @@ POLICY = table_policy_from_spec("t", {"epsilon": 1, "delta": 1e-6, "columns": {
 STATEMENTS = 25_000
 
 
-def _big_text() -> str:
+def _big_text(statements: int = STATEMENTS) -> str:
     return "".join(f"SELECT c, COUNT(*) FROM t WHERE x BETWEEN {i % 100} AND {i % 100 + 5} "
-                   f"GROUP BY c;\n" for i in range(STATEMENTS))
+                   f"GROUP BY c;\n" for i in range(statements))
 
 
 def test_a_cancel_lands_while_a_huge_text_is_tokenized(monkeypatch):
@@ -69,7 +69,7 @@ def test_a_cancel_lands_while_a_huge_text_is_tokenized(monkeypatch):
 
 def test_a_cancel_lands_between_statements_after_tokenizing(monkeypatch):
     """Once the text is tokenized, each statement's parse is followed by a check."""
-    text = _big_text()
+    text = _big_text(3_000)
     token = cancel.Token()
     parsed = []
     real_statement = parse._statement
@@ -87,7 +87,7 @@ def test_a_cancel_lands_between_statements_after_tokenizing(monkeypatch):
     assert len(parsed) == 100
 
 
-def test_without_a_cancel_the_huge_text_parses_whole():
-    queries = parse.parse_batch(_big_text(), lambda name, node: POLICY)
-    assert len(queries) == STATEMENTS
-    assert queries[-1].index == STATEMENTS - 1
+def test_without_a_cancel_a_long_text_parses_whole():
+    queries = parse.parse_batch(_big_text(3_000), lambda name, node: POLICY)
+    assert len(queries) == 3_000
+    assert queries[-1].index == 2_999 and queries[-1].sql.endswith("GROUP BY c")
