@@ -207,7 +207,9 @@ def statement_tokens(text: str, room: int) -> list | None:
     """The tokens of each statement of ``text``, or None when one does not start with SELECT
     or CREATE (the caller parses the text whole). More than ``room`` statements raise
     :class:`TooManyStatements` before any is parsed; tokenizer errors propagate."""
-    parts = chunks(split.tokens(text))         # piece by piece: a cancel lands in between
+    parts: list = []
+    for piece in split.pieces(text):       # a cancel lands between pieces; a piece ends at a
+        parts.extend(chunks(piece))        # statement's ``;``, so no statement spans two
     if len(parts) > room:
         raise TooManyStatements(len(parts))
     if any(chunk[0].token_type not in STARTS for chunk in parts):
