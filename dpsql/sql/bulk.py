@@ -208,8 +208,12 @@ def statement_tokens(text: str, room: int) -> list | None:
     or CREATE (the caller parses the text whole). More than ``room`` statements raise
     :class:`TooManyStatements` before any is parsed; tokenizer errors propagate."""
     parts: list = []
-    for piece in split.pieces(text):       # a cancel lands between pieces; a piece ends at a
-        parts.extend(chunks(piece))        # statement's ``;``, so no statement spans two
+    try:
+        for piece in split.pieces(text):   # a cancel lands between pieces; a piece ends at a
+            parts.extend(chunks(piece))    # statement's ``;``, so no statement spans two
+    except BaseException:
+        parts.clear()    # a cancel: the tokens go now, not with the traceback that holds this
+        raise            # frame (the collector, back on, would walk them first: gcpause)
     if len(parts) > room:
         raise TooManyStatements(len(parts))
     if any(chunk[0].token_type not in STARTS for chunk in parts):

@@ -6,13 +6,16 @@ the objects that survived young collections grow by a quarter: each one walks ev
 alive in the process, none of it garbage, and on a 25,000-statement text they were 70% of
 tokenizing's CPU time and a quarter of parsing's (``benchmarks/parse_speed.py``).
 
-:func:`young_only` turns the automatic collector off for the duration and calls a young
-collection (generations 0 and 1: what was made since the last call) every
-:data:`EVERY` :func:`tick` calls, so the parse's own garbage — sqlglot trees, which hold
-reference cycles — is still freed as it goes, and what survives moves to the oldest
-generation without being walked again. The collector is process-wide, so the pause is
-counted: it is turned back on when the last reader in the process leaves, and only if it
-was on when the first came (a host that turned it off keeps it off).
+:func:`young_only` turns the automatic collector off for the duration and collects the
+youngest generation (what was made since the last call) every :data:`EVERY` units of
+:func:`tick`, so the parse's own garbage — sqlglot trees, which hold reference cycles — is
+still freed as it goes, and what survives waits in the middle generation, walked once more
+when the collector is back on (a collection of generations 0 and 1), not once per quarter of
+growth. Collecting the middle generation here instead would count towards a full collection
+that then falls due the moment the collector is back: on a cancel, half a second of waiting
+on a 2-core machine. The collector is process-wide, so the pause is counted: it is turned
+back on when the last reader in the process leaves, and only if it was on when the first
+came (a host that turned it off keeps it off).
 """
 
 from __future__ import annotations
@@ -46,11 +49,11 @@ def young_only():
 
 
 def tick(weight: int = 1) -> None:
-    """Count work done (``weight`` units); a young collection every :data:`EVERY` units
-    while a reader holds the pause (a no-op otherwise)."""
+    """Count work done (``weight`` units); a youngest-generation collection every
+    :data:`EVERY` units while a reader holds the pause (a no-op otherwise)."""
     if not _state["readers"]:
         return
     _state["ticks"] += weight
     if _state["ticks"] >= EVERY:
         _state["ticks"] = 0
-        gc.collect(1)
+        gc.collect(0)
