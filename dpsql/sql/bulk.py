@@ -30,6 +30,8 @@ from sqlglot import exp
 from sqlglot.dialects.dialect import Dialect
 from sqlglot.tokens import TokenType
 
+from dpsql.sql import split
+
 #: token types after which a literal's text cannot steer sqlglot's parse
 SAFE_BEFORE = frozenset({
     TokenType.EQ, TokenType.NEQ, TokenType.LT, TokenType.LTE, TokenType.GT, TokenType.GTE,
@@ -58,7 +60,7 @@ class Template:
 
 
 def dialect() -> Dialect:
-    return Dialect.get_or_raise("duckdb")
+    return split.dialect()
 
 
 def chunks(tokens: list) -> list[list]:
@@ -205,7 +207,13 @@ def statement_tokens(text: str, room: int) -> list | None:
     """The tokens of each statement of ``text``, or None when one does not start with SELECT
     or CREATE (the caller parses the text whole). More than ``room`` statements raise
     :class:`TooManyStatements` before any is parsed; tokenizer errors propagate."""
-    parts = chunks(dialect().tokenize(text))
+    parts: list = []
+    try:
+        for piece in split.pieces(text):   # a cancel lands between pieces; a piece ends at a
+            parts.extend(chunks(piece))    # statement's ``;``, so no statement spans two
+    except BaseException:
+        parts.clear()    # a cancel: the tokens go now, not with the traceback that holds this
+        raise            # frame (the collector, back on, would walk them first: gcpause)
     if len(parts) > room:
         raise TooManyStatements(len(parts))
     if any(chunk[0].token_type not in STARTS for chunk in parts):

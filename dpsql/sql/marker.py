@@ -25,6 +25,7 @@ import sqlglot
 from sqlglot.tokens import TokenType
 
 from dpsql.errors import WorkloadBlockError
+from dpsql.sql import split
 
 BEGIN_WORKLOAD, COMMIT, ROLLBACK, BEGIN = "begin workload", "commit", "rollback", "begin"
 
@@ -88,7 +89,7 @@ def pieces(text: str) -> list[Piece]:
     """The statements of ``text`` with their markers. A text sqlglot cannot even tokenize
     is one piece (no marker): the ordinary path reports its error."""
     try:
-        tokens = sqlglot.Dialect.get_or_raise("duckdb").tokenize(text)
+        tokens = split.tokens(text)       # sqlglot's tokens, piece by piece
     except sqlglot.errors.TokenError:
         return [Piece(text.strip().rstrip(";"), None)] if text.strip() else []
     out, current = [], []

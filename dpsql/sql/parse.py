@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import replace as _with
 from typing import Any, Callable, Sequence
 
 import sqlglot
@@ -33,7 +32,7 @@ from sqlglot import exp
 
 from dpsql import cancel
 from dpsql.errors import ParseError
-from dpsql.sql import bigquery, bulk, hints
+from dpsql.sql import bigquery, bulk, gcpause, hints
 from dpsql.sql.ir import Query
 from dpsql.sql.refusals import ALLOWED_SUMMARY, _construct_name, _reject
 from dpsql.sql.select import _create_target, _select
@@ -54,7 +53,8 @@ logging.getLogger("sqlglot").setLevel(logging.CRITICAL)
 
 def split_statements(sql: str | Sequence[str]) -> list[exp.Expression]:
     """Parse the text(s) with sqlglot's DuckDB dialect; errors point at line and column."""
-    out = [tree for tree, _ in _trees(sql, copy=True)]
+    with gcpause.young_only():
+        out = [tree for tree, _ in _trees(sql, copy=True)]
     if not out:
         raise ParseError("no SQL statement given")
     return out
@@ -86,6 +86,7 @@ def _trees(sql: str | Sequence[str], copy: bool):
                 if count > MAX_STATEMENTS:
                     raise _too_many()
                 cancel.check()            # a token cancel lands between statements
+                gcpause.tick()
                 yield tree, generated
 
 
@@ -128,8 +129,9 @@ def parse_batch(sql: str | Sequence[str],
     module stays independent of how policies are stored).
     """
     try:
-        out = [_statement(i, stmt, resolve_table, text)
-               for i, (stmt, text) in enumerate(_trees(sql, copy=False))]
+        with gcpause.young_only():
+            out = [_statement(i, stmt, resolve_table, text)
+                   for i, (stmt, text) in enumerate(_trees(sql, copy=False))]
     except RecursionError:
         raise ParseError("a condition is nested too deeply; simplify it") from None
     if not out:
@@ -146,6 +148,9 @@ def _statement(index: int, stmt: exp.Expression, resolve_table, text: str | None
     query = _select(index, select, target, replace, "", resolve_table)
     # the IR holds no syntax node and the tree is not read again, so the normalised text is
     # printed without the defensive deep copy (a third of parsing's cost on large batches)
-    # (a templated statement's text is spliced from its shape's: :func:`bulk.text`)
-    return _with(query, sql=text if text is not None else stmt.sql(dialect="duckdb",
-                                                                    copy=False))
+    # (a templated statement's text is spliced from its shape's: :func:`bulk.text`). The
+    # query was made just above and nothing else holds it, so its text is set in place:
+    # dataclasses.replace costs more than the rest of a templated statement's IR
+    object.__setattr__(query, "sql", text if text is not None else
+                       stmt.sql(dialect="duckdb", copy=False))
+    return query
