@@ -186,7 +186,8 @@ def gram(W) -> np.ndarray:
         if (float(np.square(rows, dtype=float).sum()) + 4.0 * n * n < direct
                 and float(np.square(row_l1).sum()) < 2.0 ** 52):
             G = (B.T @ B).toarray()
-            return np.cumsum(np.cumsum(G, axis=0), axis=1)
+            np.cumsum(G, axis=0, out=G)           # in place: one n x n array at a time
+            return np.cumsum(G, axis=1, out=G)
     return np.asarray((W.T @ W).toarray(), dtype=float)
 
 
