@@ -20,6 +20,7 @@ and named by the exact bytes of ``W`` (:func:`workload_hash`).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -34,8 +35,8 @@ from dpsql import cancel
 from dpsql.workload.units import FALSE, TRUE
 from dpsql.errors import UnsupportedQueryError
 from dpsql.workload import limits as planning
-from dpsql.sql.conditions import (_atom_truth, _atoms, _columns, _combine, _key, _kleene,
-                                  _single_column_parts)
+from dpsql.sql.conditions import (_atom_truth, _atoms, _broadcast, _columns, _combine, _key,
+                                  _kleene, _single_column_parts)
 from dpsql.sql.expand import assemble, expand
 from dpsql.sql.ir import Const, Predicate, Query
 
@@ -106,16 +107,18 @@ class Parts:
     def n_cells(self) -> int:
         return math.prod(self.shape)
 
-    @property
+    @functools.cached_property
     def index(self) -> dict:
         return {p.column: i for i, p in enumerate(self.partitions)}
 
-    def part_truth(self, sub: Predicate, negated: bool = False) -> np.ndarray:
+    @functools.cached_property
+    def _first_units(self) -> dict:     # each part's first unit, per column (asked per query)
+        return {p.column: np.array([u[0] for u in p.part_units]) for p in self.partitions}
+
+    def part_truth(self, sub: Predicate, negated: bool = False, column=None) -> np.ndarray:
         """Truth of a one-column condition on each part of its column (constant on a part)."""
-        c = next(iter(_columns(sub)))
-        p = self.partitions[self.index[c]]
-        first_units = np.array([u[0] for u in p.part_units])
-        return self.unit_truth[(sub, negated)][first_units]
+        c = next(iter(_columns(sub))) if column is None else column
+        return self.unit_truth[(sub, negated)][self._first_units[c]]
 
 
 def _check_one_table(queries: list[Query]) -> None:
@@ -141,7 +144,7 @@ def _conditions(queries: list[Query], policy) -> tuple[list, set, dict]:
         for c, sub, negated in _single_column_parts(q.where):
             if (sub, negated) not in unit_truth:
                 n_units = policy.column(c).n_units
-                truth = np.broadcast_to(_kleene(sub, atom_truth), (n_units,))
+                truth = _broadcast(_kleene(sub, atom_truth), (n_units,))
                 if not negated:
                     truth = np.where(truth == TRUE, TRUE, FALSE).astype(np.int8)
                 unit_truth[(sub, negated)] = truth
@@ -156,17 +159,17 @@ def _conditions(queries: list[Query], policy) -> tuple[list, set, dict]:
 def _partition(c: str, dom, signature: list) -> ColumnPartition:
     """Step 2 for one column: units with equal signatures merge into one part (parts
     numbered in order of their first unit)."""
-    sig = np.stack(signature, axis=1) if signature else np.zeros((dom.n_units, 1))
-    _, first, inverse = np.unique(sig, axis=0, return_index=True, return_inverse=True)
-    planning.check_grouping(c, dom.n_units, len(first))
-    order = np.argsort(first, kind="stable")
-    rank = np.empty_like(order)
-    rank[order] = np.arange(len(order))
-    unit_to_part = rank[inverse.reshape(-1)].astype(np.int64)
-    part_units = tuple(tuple(np.flatnonzero(unit_to_part == p).tolist())
-                       for p in range(len(order)))
+    sig = np.ascontiguousarray(np.stack(signature, axis=1) if signature
+                               else np.zeros((dom.n_units, 1)))
+    seen: dict = {}             # a signature's bytes -> its part: 4-10x np.unique(axis=0)
+    unit_to_part = np.fromiter((seen.setdefault(row.tobytes(), len(seen)) for row in sig),
+                               dtype=np.int64, count=sig.shape[0])
+    planning.check_grouping(c, dom.n_units, len(seen))
+    units = np.argsort(unit_to_part, kind="stable")
+    part_units = tuple(tuple(u.tolist()) for u in
+                       np.split(units, np.cumsum(np.bincount(unit_to_part))[:-1]))
     unit_to_part.flags.writeable = False
-    return ColumnPartition(c, unit_to_part, len(order), part_units)
+    return ColumnPartition(c, unit_to_part, len(seen), part_units)
 
 
 def compile_parts(queries: list[Query], policy) -> Parts:
@@ -238,14 +241,15 @@ class _Cells:
             return np.full(shape, TRUE, dtype=np.int8)
         if isinstance(pred, Const):
             return np.full(shape, TRUE if pred.value else FALSE, dtype=np.int8)
-        if len(_columns(pred)) == 1:
-            c = next(iter(_columns(pred)))
-            return np.broadcast_to(self.broadcast(c, self.parts.part_truth(pred, negated)),
-                                   shape)
+        cols = _columns(pred)
+        if len(cols) == 1:
+            c = next(iter(cols))
+            return _broadcast(self.broadcast(c, self.parts.part_truth(pred, negated, c)),
+                              shape)
         if pred.op == "not":
             return (TRUE - self.evaluate(pred.children[0], True)).astype(np.int8)
         out = _combine(pred.op, [self.evaluate(ch, negated) for ch in pred.children])
-        return np.broadcast_to(out, shape)
+        return _broadcast(out, shape)
 
     def selected(self, q: Query, policy) -> np.ndarray:
         """Indices of the cells a query counts (its WHERE, and COUNT(col) not NULL)."""
@@ -255,7 +259,7 @@ class _Cells:
             p = self.parts.partitions[self.index[q.count_column]]
             notnull = (TRUE - dom.is_null())[[u[0] for u in p.part_units]]
             mask = mask & (self.broadcast(q.count_column, notnull) == TRUE)
-        return np.flatnonzero(np.broadcast_to(mask, self.shape).reshape(-1))
+        return np.flatnonzero(_broadcast(mask, self.shape).reshape(-1))
 
 
 def _check_cells(parts: Parts) -> None:
@@ -280,8 +284,8 @@ def _query_rows(q: Query, policy, cells: _Cells, m: int):
             b = cells.broadcast(c, pos)
             valid = valid & (b >= 0)
             group_index = group_index * len(per_col_keys[gs.index(c)]) + np.maximum(b, 0)
-        gi = np.broadcast_to(group_index, shape).reshape(-1)[selected]
-        ok = np.broadcast_to(valid, shape).reshape(-1)[selected]
+        gi = _broadcast(group_index, shape).reshape(-1)[selected]
+        ok = _broadcast(valid, shape).reshape(-1)[selected]
         rows.append(m + gi[ok])
         cols.append(selected[ok])
         set_keys, gid = output_keys(q, gs, per_col_keys)

@@ -284,3 +284,17 @@ def _upgrade(con, found: int, where: str) -> int:
 
 __all__ = ["MIGRATIONS", "RESULTS_SCHEMA", "SCHEMA_VERSION", "TABLES", "Migration", "check",
            "dpsql_version", "ensure", "version"]
+
+
+
+def replace_row(con, table: str, row: dict) -> None:
+    """``INSERT OR REPLACE`` of one row of a cache table keyed by its first column, as a
+    DELETE and an INSERT. DuckDB's own INSERT OR REPLACE copies a large BLOB many times: an
+    8 MB Cholesky factor took 0.55-0.75 s of CPU that way, 0.03-0.05 s this way. Outside a
+    transaction the two commit separately: a crash between them loses one cache entry, which
+    the next request recomputes (no transaction is opened here: DuckDB cannot tell whether
+    one is open without failing, and a failed BEGIN aborts the caller's)."""
+    names, values = list(row), list(row.values())
+    con.execute(f"DELETE FROM {table} WHERE {names[0]} = ?", [values[0]])
+    con.execute(f"INSERT INTO {table} ({', '.join(names)}) "
+                f"VALUES ({', '.join('?' * len(names))})", values)

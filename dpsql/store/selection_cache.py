@@ -211,10 +211,10 @@ def store(con, entry_key: str, w_hash: str, workload, total: float, evaluations)
     text = json.dumps(items, default=float)
     with engine_errors("writing the selection cache"):
         schema.ensure(con)
-        con.execute("INSERT OR REPLACE INTO dpsql.selection_cache (key, workload_hash, "
-                    "n_queries, n_cells, svdb, candidates, factors) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    [entry_key, w_hash, int(workload.n_queries), int(workload.n_cells),
-                     float(total), text, b"".join(blobs)])
+        schema.replace_row(con, "dpsql.selection_cache", dict(
+            key=entry_key, workload_hash=w_hash, n_queries=int(workload.n_queries),
+            n_cells=int(workload.n_cells), svdb=float(total), candidates=text,
+            factors=b"".join(blobs)))
 
 
 def same_numbers(plan, summary: PlanSummary) -> bool:
@@ -231,8 +231,8 @@ def store_factor(con, solver_key: str, factor: np.ndarray) -> None:
     L = np.tril(np.asarray(factor, dtype=np.float64))
     with engine_errors("writing the selection cache"):
         schema.ensure(con)
-        con.execute("INSERT OR REPLACE INTO dpsql.solver_cache (solver_key, n, factor) "
-                    "VALUES (?, ?, ?)", [solver_key, int(L.shape[0]), L.tobytes()])
+        schema.replace_row(con, "dpsql.solver_cache", dict(
+            solver_key=solver_key, n=int(L.shape[0]), factor=L.tobytes()))
 
 
 def factor_loader(con, solver_key: str, n: int):
@@ -279,6 +279,6 @@ def load_units(con, name: str, m: int) -> np.ndarray | None:
 def store_units(con, name: str, units: np.ndarray) -> None:
     with engine_errors("writing the selection cache"):
         schema.ensure(con)
-        con.execute("INSERT OR REPLACE INTO dpsql.halfwidth_cache (key, n_queries, units) "
-                    "VALUES (?, ?, ?)", [name, int(len(units)),
-                                         np.ascontiguousarray(units, np.float64).tobytes()])
+        schema.replace_row(con, "dpsql.halfwidth_cache", dict(
+            key=name, n_queries=int(len(units)),
+            units=np.ascontiguousarray(units, np.float64).tobytes()))

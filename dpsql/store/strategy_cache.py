@@ -171,9 +171,7 @@ def store(con, key: str, plan: Plan, seconds: float) -> str | None:
                        default=float)
     with engine_errors("writing the strategy cache"):
         schema.ensure(con)
-        con.execute("INSERT OR REPLACE INTO dpsql.strategy_cache (fingerprint, strategy, n, "
-                    "rows, matrix, notes, seconds, indptr, indices) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [key, plan.strategy, plan.n, rows, matrix, notes, float(seconds), indptr,
-                     indices])
+        schema.replace_row(con, "dpsql.strategy_cache", dict(
+            fingerprint=key, strategy=plan.strategy, n=plan.n, rows=rows, matrix=matrix,
+            notes=notes, seconds=float(seconds), indptr=indptr, indices=indices))
     return _digest(rows, matrix, indptr, indices)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -62,6 +63,17 @@ class _OrderedDomain(_Units):
         return out
 
 
+@functools.lru_cache(maxsize=64)
+def _unit_bounds(lo: int, hi: int, step: int) -> tuple[np.ndarray, np.ndarray]:
+    """(first, last) integer of every unit of ``IntegerDomain(lo, hi, step)``, read-only:
+    computed once per domain, not once per condition (a batch has thousands)."""
+    k = np.arange((hi - lo) // step + 1, dtype=np.int64)
+    first = lo + k * step
+    last = np.minimum(first + step - 1, hi)
+    first.flags.writeable = last.flags.writeable = False
+    return first, last
+
+
 def _show(c: Fraction) -> str:
     return str(c.numerator) if c.denominator == 1 else repr(float(c))
 
@@ -111,16 +123,14 @@ class IntegerDomain(_OrderedDomain):
 
     def _truth(self, op: str, c: Fraction):
         """(true, false) masks over value units; unit k holds the integers [lo_k, hi_k]."""
-        k = np.arange(self.n_value_units, dtype=np.int64)
-        lo = self.min + k * self.step
-        hi = np.minimum(lo + self.step - 1, self.max)
+        lo, hi = _unit_bounds(self.min, self.max, self.step)
         floor_c = math.floor(c)
         ceil_c = math.ceil(c)
         lim = 2 ** 62  # bounds are validated within +-2**62; clip keeps int64 exact
         f_c, c_c = max(-lim, min(lim, floor_c)), max(-lim, min(lim, ceil_c))
         if op == "=":
             if c.denominator != 1:
-                return np.zeros_like(k, dtype=bool), np.ones_like(k, dtype=bool)
+                return np.zeros_like(lo, dtype=bool), np.ones_like(lo, dtype=bool)
             return (lo == c_c) & (hi == c_c), (hi < c_c) | (lo > c_c)
         # for an integer x: x < c <=> x < ceil(c); x <= c <=> x <= floor(c); etc.
         return {

@@ -11,7 +11,8 @@ import scipy.sparse as sp
 from dpsql.errors import StrategyError
 from dpsql.kernel.boundary import Kernel
 from dpsql.kernel.scales import _on_grid
-from dpsql.workload.matrix import Plan, exact_l2_sensitivity, l2_sensitivity, make_plan
+from dpsql.workload.matrix import (Plan, exact_l2_sensitivity, gram, l2_sensitivity,
+                                   make_plan)
 
 
 @pytest.mark.parametrize("sparse", [False, True])
@@ -88,3 +89,20 @@ def test_strategy_cache_returns_the_identical_plan_and_reverifies_it(tmp_path):
         plan.A * 2 * 2 ** 20).clip(-2 ** 20, 2 ** 20)).astype(np.int32).tobytes()])
     tampered = strategy_cache.load(con, key)
     assert tampered.sensitivity > plan.sensitivity
+
+
+def test_gram_by_differences_is_the_exact_gram():
+    """Long ranges take the route through differences; integers give the same numbers bit
+    for bit, other values (and short rows) the direct product."""
+    rng = np.random.default_rng(5)  # test data only
+    n, k = 300, 400
+    ends = np.sort(rng.integers(0, n, (k, 2)), axis=1)
+    R = np.zeros((k, n))
+    for r, (a, b) in enumerate(ends):
+        R[r, a:b + 1] = rng.integers(1, 4)            # weighted ranges
+    W = sp.csr_matrix(np.vstack([np.eye(n), R, -R[:50]]))
+    assert np.array_equal(gram(W), (W.T @ W).toarray())
+    F = sp.csr_matrix(R * 0.3)                        # not integers: the direct product
+    assert np.array_equal(gram(F), (F.T @ F).toarray())
+    S = sp.csr_matrix(np.eye(n))                      # short rows: direct
+    assert np.array_equal(gram(S), np.eye(n))
