@@ -166,12 +166,12 @@ def gram_ops(W) -> float:
 #: triangular solves and the strategy's own passes over W), fixed seconds (solver set-up))
 _SHAPES = {
     "identity": (0, 0.0, 0.0, 0.0, 0.0),
-    "workload": (0.0028, 5.8e-11, 2.33e-09, 2.42e-08, 2.08e-07),            # 10.4
-    "hierarchical": (0.00572, 1.86e-10, 2.34e-09, 2.74e-08, 1.22e-07),    # 1.77
-    "wavelet": (0.00477, 9.38e-11, 0, 4.84e-08, 0),                      # 2.77
-    "fourier": (0.00208, 2.29e-10, 2.61e-09, 1.58e-08, 9.67e-08),         # 1.91
-    "eigen": (0.00302, 2.34e-10, 6.72e-09, 9.37e-08, 0),                  # 3.50
-    "eigen/laplace": (0.184, 8.76e-10, 3.24e-09, 3.3e-07, 1.27e-07),      # 2.01
+    "workload": (3, 0.0, 1.0, 2.0, 0.0),
+    "hierarchical": (3, 2.0, 1.0, 2.0, 0.0),
+    "wavelet": (3, 1.0, 1.0, 2.0, 0.0),
+    "fourier": (3, 1.0, 1.0, 2.0, 0.0),
+    "eigen": (6, 1.0, 8.0, 6.0, 0.5),
+    "eigen/laplace": (6, 1.0, 8.0, 8.0, 1.5),
     "optimal": (6, 1.0, 12.0, 4.0, 0.2),
     "coa": (6, 1.0, 30.0, 4.0, 0.5),
 }
@@ -193,8 +193,8 @@ _SHAPES = {
 #: four larger batches more (random intervals of 384 and 480 cells with 40,000 and 70,000
 #: rows; every marginal of made-up 5-column CUBEs of 2,160 and 2,520 cells): the earlier fit
 #: saw at most 1,600 cells and 15,000 rows, and under-predicted the all-range batches of
-#: 256-512 cells 2-3.4x and the 3,888-cell CUBE's bound 2.9-3.2x. Formula: ``Σ TIME_FIT[step][i] · time_features(...)[i]`` (plus the
-#: wavelet's Gram term, and at least a strategy's own estimate: :func:`candidate_cost`)
+#: 256-512 cells 2-3.4x and the 3,888-cell CUBE's bound 2.9-3.2x. Formula:
+#: ``Σ TIME_FIT[step][i] · time_features(...)[i]`` (plus the wavelet's Gram term, and at least a strategy's own estimate: :func:`candidate_cost`)
 TIME_FIT: dict[str, tuple[float, ...]] = {   # the fit's worst ratio on its own batches
     "svdb": (0.00125, 1.11e-10, 4.9e-09, 1.41e-08, 0),                    # 1.73
     "identity": (0.00028, 0, 0, 0, 4.25e-09),                             # 2.00
