@@ -61,3 +61,20 @@ def test_a_cancel_lands_while_the_execute_reads_its_text(conn, monkeypatch):
     assert conn.session.ledger() == before
     monkeypatch.setattr(readback, "tree_of", real)
     assert conn.cursor().execute(ONE_LINE).fetchall()     # the next execute runs
+
+
+def test_the_schema_probe_does_not_parse_a_batch(monkeypatch):
+    """The probe check (``SELECT * FROM t LIMIT 0``) tokenizes a text of several statements
+    in cancellable pieces and stops there: the batch is parsed once, by its request."""
+    from dpsql.sql import probe
+
+    parsed = []
+    real = split.dialect().parser_class.parse
+    monkeypatch.setattr(split.dialect().parser_class, "parse",
+                        lambda self, tokens, sql=None: parsed.append(len(tokens))
+                        or real(self, tokens, sql))
+    assert probe.probe(ONE_LINE) is None and not parsed
+    assert probe.probe("SELECT * FROM adult LIMIT 0; SELECT 1") is None and not parsed
+    assert probe.probe("SELECT * FROM adult LIMIT 0;;") == probe.Probe("adult", None)
+    assert probe.probe("select age from adult where 1 = 0") == probe.Probe("adult", ("age",))
+    assert parsed                      # (the two single statements were)
