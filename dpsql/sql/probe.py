@@ -32,13 +32,12 @@ class Probe:
 
 def probe(sql: str, dialect: str = "duckdb") -> Probe | None:
     """The table and columns a schema probe asks for, or None when ``sql`` is anything
-    else. A text of several statements is no probe: it is tokenized (DuckDB's in
-    cancellable pieces, :mod:`dpsql.sql.split`) but not parsed (a batch's one parse is its
-    request's)."""
+    else. A text of several statements is no probe: it is read up to its second statement
+    (DuckDB's tokens in pieces, :mod:`dpsql.sql.split`) and not parsed (a batch's one
+    parse is its request's)."""
     try:
-        tokens = split.tokens(sql) if dialect == "duckdb" else \
-            sqlglot.Dialect.get_or_raise(dialect).tokenize(sql)
-        if _several(tokens):
+        tokens = _one_statement(sql, dialect)
+        if tokens is None:
             return None
         trees = [t for t in sqlglot.Dialect.get_or_raise(dialect).parser().parse(tokens, sql)
                  if t is not None]
@@ -62,15 +61,19 @@ def probe(sql: str, dialect: str = "duckdb") -> Probe | None:
     return None if columns == () else Probe(table.name.lower(), columns)
 
 
-def _several(tokens) -> bool:
-    """A token after a ``;``: more than one statement."""
-    ended = False
-    for tok in tokens:
-        if tok.token_type == TokenType.SEMICOLON:
-            ended = True
-        elif ended:
-            return True
-    return False
+def _one_statement(sql: str, dialect: str) -> list | None:
+    """``sql``'s tokens, or None as soon as a token follows a ``;`` (a second statement)."""
+    parts = split.pieces(sql) if dialect == "duckdb" else \
+        [sqlglot.Dialect.get_or_raise(dialect).tokenize(sql)]
+    out, ended = [], False
+    for part in parts:
+        for tok in part:
+            if tok.token_type == TokenType.SEMICOLON:
+                ended = True
+            elif ended:
+                return None
+        out.extend(part)
+    return out
 
 
 def _false(where) -> bool:
