@@ -14,9 +14,13 @@ mechanism's explain compiles). Each phase is timed ``--repeat`` times in this pr
 first run after the imports and one warm-up parse of a few statements); the table shows the
 median. Whether sqlglot's compiled build (``sqlglotc``, the ``sqlglot[c]`` extra) is loaded
 is printed first. Last, the latency of a cancel during the parse of the 24,975-statement
-text (wall milliseconds from the cancel to the error; the machine is shared).
+text (wall milliseconds from the cancel to the error; the machine is shared), written one
+statement a line (``text``) and all on one line (``line``: statements separated by ``; ``).
 
-Run: ``python benchmarks/parse_speed.py [--repeat 3] [--pure]``
+``--dbapi``: also through the DB-API (:func:`dbapi_cancel_latency`), where the text is
+read for parameters, markers and result-table reads before the request starts.
+
+Run: ``python benchmarks/parse_speed.py [--repeat 3] [--pure] [--cancel-only] [--dbapi]``
 """
 
 from __future__ import annotations
@@ -100,7 +104,7 @@ def run(repeat: int) -> list[str]:
     for name, policy, sql in batches():
         resolve = (lambda p: lambda table, node: p)(policy)
         parse_batch(sql[:3], resolve)                     # warm: imports, dialect, caches
-        for form, given in (("list", sql), ("text", ";\n".join(sql) + ";")):
+        for form, given in (("list", sql), *texts(sql)):
             parse_s, compile_s = [], []
             for _ in range(repeat):
                 seconds, queries = timed(lambda: parse_batch(given, resolve))
@@ -114,17 +118,22 @@ def run(repeat: int) -> list[str]:
     return lines
 
 
+def texts(sql: list[str]) -> list[tuple[str, str]]:
+    """The batch as one text: a statement a line, and all on one line."""
+    return [("text", ";\n".join(sql) + ";"), ("line", "; ".join(sql) + ";")]
+
+
 def cancel_latency(delays=(0.05, 0.2, 0.5, 1.0, 2.0)) -> list[str]:
     """Wall milliseconds from a token's cancel (another thread, after ``delay`` seconds) to
-    RequestCancelled out of the parse of the 24,975-statement text, and how many statements
-    the parse had read into the IR by then (0: the cancel landed while tokenizing)."""
+    RequestCancelled out of the parse of the 24,975-statement text (each of :func:`texts`),
+    and how many statements the parse had read into the IR by then (0: the cancel landed
+    while tokenizing)."""
     import threading
 
     from dpsql import cancel
     from dpsql.errors import RequestCancelled
     from dpsql.sql import parse
     _, policy, sql = batches()[1]
-    text = ";\n".join(sql) + ";"
     parsed = [0]
     real = parse._statement
 
@@ -135,7 +144,7 @@ def cancel_latency(delays=(0.05, 0.2, 0.5, 1.0, 2.0)) -> list[str]:
     parse._statement = counting
     lines = []
     try:
-        for delay in delays:
+        for (form, text), delay in ((t, d) for t in texts(sql) for d in delays):
             token, stamp, parsed[0] = cancel.Token(), [], 0
             timer = threading.Timer(delay, lambda: (stamp.append(time.perf_counter()),
                                                     token.cancel()))
@@ -143,9 +152,9 @@ def cancel_latency(delays=(0.05, 0.2, 0.5, 1.0, 2.0)) -> list[str]:
             try:
                 with cancel.scope(token):
                     parse.parse_batch(text, lambda table, node: policy)
-                lines.append(f"cancel after {delay:.2f} s: parse finished first")
+                lines.append(f"{form}: cancel after {delay:.2f} s: parse finished first")
             except RequestCancelled:
-                lines.append(f"cancel after {delay:.2f} s: landed in "
+                lines.append(f"{form}: cancel after {delay:.2f} s: landed in "
                              f"{1000 * (time.perf_counter() - stamp[0]):.1f} ms, "
                              f"{parsed[0]:,} statements parsed")
             timer.join()
@@ -155,15 +164,71 @@ def cancel_latency(delays=(0.05, 0.2, 0.5, 1.0, 2.0)) -> list[str]:
     return lines
 
 
+def dbapi_cancel_latency(delays=(0.5, 2.0, 5.0), patience: float = 90.0) -> list[str]:
+    """The DB-API route: ``cursor.execute`` of the one-line 24,975-statement text on a copy
+    of the Adult demo table in a thread, ``Connection.cancel()`` from this one after
+    ``delay`` seconds; wall milliseconds from the call to the execute's error (nothing is
+    charged before the parse ends). Waits ``patience`` seconds for it at most."""
+    import shutil
+    import tempfile
+    import threading
+
+    from benchmarks.highdim_sql import _adult_db
+    from dpsql.interfaces import dbapi
+    text = texts(batches()[1][2])[1][1]
+    where = tempfile.mkdtemp()
+    path = os.path.join(where, "adult.duckdb")
+    _adult_db(path).close()
+    lines, stuck = [], False
+    for delay in delays:
+        conn = dbapi.connect(path, epsilon=0.1, delta=1e-8)
+        done: list = []
+
+        def run() -> None:
+            try:
+                conn.cursor().execute(text)
+                done.append((time.perf_counter(), "finished (charged)"))
+            except dbapi.Error as exc:
+                done.append((time.perf_counter(), type(exc).__name__))
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        time.sleep(delay)
+        stamp = time.perf_counter()
+        conn.cancel()
+        thread.join(patience)
+        if not done:
+            stuck = True
+            lines.append(f"dbapi line: cancel after {delay:.2f} s: not landed after "
+                         f"{patience:.0f} s")
+        else:
+            lines.append(f"dbapi line: cancel after {delay:.2f} s: {done[0][1]} in "
+                         f"{1000 * (done[0][0] - stamp):.1f} ms")
+        print(lines[-1], flush=True)
+        if stuck:
+            break              # the thread still holds the database: no further trial
+        conn.close()
+    if not stuck:
+        shutil.rmtree(where)
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--pure", action="store_true",
                     help="sqlglot's pure-Python modules even where sqlglotc is installed")
+    ap.add_argument("--cancel-only", action="store_true", help="the cancel latencies only")
+    ap.add_argument("--dbapi", action="store_true",
+                    help="also the DB-API route (execute in a thread, Connection.cancel())")
     args = ap.parse_args()
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs", flush=True)
-    run(args.repeat)
+    if not args.cancel_only:
+        run(args.repeat)
     cancel_latency()
+    if args.dbapi:
+        dbapi_cancel_latency()
+        os._exit(0)            # a trial whose cancel never landed may still be running
 
 
 if __name__ == "__main__":

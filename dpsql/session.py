@@ -78,18 +78,27 @@ class Session:
             token.cancel(reason)
 
     @contextlib.contextmanager
-    def _request(self):
-        """One cancellable request: its token, and a planning connection that is let go
-        before every long step (:func:`dpsql.cancel.run`)."""
+    def cancellable(self):
+        """Work for a request before it starts (an interface reading a submission's text:
+        its parameters, markers and result-table reads) that :meth:`cancel` stops as it
+        stops a request: the token is checked between the text's pieces and statements."""
         token = cancel.Token()
         with self._running_lock:
             self._running.add(token)
         try:
-            with self.db.planning() as con, cancel.scope(token, con.release):
-                yield con
+            with cancel.scope(token):
+                yield token
         finally:
             with self._running_lock:
                 self._running.discard(token)
+
+    @contextlib.contextmanager
+    def _request(self):
+        """One cancellable request: its token, and a planning connection that is let go
+        before every long step (:func:`dpsql.cancel.run`)."""
+        with self.cancellable() as token, self.db.planning() as con, \
+                cancel.scope(token, con.release):
+            yield con
 
     # ------------------------------------------------------------------ data owner
     def protect(self, table: str, policy, *, replace: bool = False) -> TablePolicy:

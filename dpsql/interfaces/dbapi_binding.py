@@ -46,17 +46,26 @@ def _literal(value: Any, position: int) -> exp.Expression:
     return exp.Neg(this=node) if negative else node
 
 
+#: the characters every placeholder sqlglot reads starts with (``?``, ``:name``, ``$1``)
+_PLACEHOLDER_STARTS = "?:$"
+
+
 class _Template:
-    """A batch parsed once; ``bind`` returns its statements with the parameters inlined."""
+    """A batch parsed once; ``bind`` returns its statements with the parameters inlined.
+    A text without any character a placeholder starts with has none: it is not parsed
+    here (the request parses it, once, where a cancel lands) and binds to itself."""
 
     def __init__(self, sql: Any):
         if not isinstance(sql, str):
             raise ProgrammingError(f"the operation must be SQL text (str), got "
                                    f"{type(sql).__name__}")
         self.sql = sql
+        self.statements: list = []
+        self.count = 0
+        if not any(c in sql for c in _PLACEHOLDER_STARTS):
+            return
         with _backend():
             self.statements = split_statements(sql)
-        self.count = 0
         for stmt in self.statements:
             for node in stmt.find_all(exp.Placeholder, bfs=False):
                 if node.this is not None:

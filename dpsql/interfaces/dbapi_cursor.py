@@ -4,6 +4,7 @@ result sets, one per statement."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Iterable, Sequence
 
 from dpsql import errors as dp
@@ -43,7 +44,8 @@ class Cursor:
     def execute(self, operation: str, parameters: Sequence | None = None) -> "Cursor":
         """Answer ``operation`` (one or more statements) as one charged release."""
         self._reset()
-        return self._run(_Template(operation).bind(parameters))
+        with self._cancellable():
+            return self._run(_Template(operation).bind(parameters))
 
     @check_closed
     def executemany(self, operation: str, seq_of_parameters) -> "Cursor":
@@ -53,17 +55,26 @@ class Cursor:
         second, ... (``nextset()`` moves between them). No parameter sets: nothing runs.
         """
         self._reset()
-        template = _Template(operation)
-        if isinstance(seq_of_parameters, (str, bytes)) or not isinstance(seq_of_parameters,
-                                                                         Iterable):
-            raise ProgrammingError("seq_of_parameters must be a sequence of sequences")
-        texts: list[str] = []
-        for parameters in seq_of_parameters:
-            bound = template.bind(parameters)
-            texts.extend([bound] if isinstance(bound, str) else bound)
-        if not texts:
-            return self
-        return self._run(texts)
+        with self._cancellable():
+            template = _Template(operation)
+            if isinstance(seq_of_parameters, (str, bytes)) or not isinstance(
+                    seq_of_parameters, Iterable):
+                raise ProgrammingError("seq_of_parameters must be a sequence of sequences")
+            texts: list[str] = []
+            for parameters in seq_of_parameters:
+                bound = template.bind(parameters)
+                texts.extend([bound] if isinstance(bound, str) else bound)
+            if not texts:
+                return self
+            return self._run(texts)
+
+    @contextlib.contextmanager
+    def _cancellable(self):
+        """The whole execute is cancellable (:meth:`Connection.cancel`), reading its text
+        (parameters, markers, result-table reads) included; a cancel is an
+        :class:`OperationalError`, as during the request."""
+        with _backend(), self.connection._session.cancellable():
+            yield
 
     @check_closed
     def explain(self, operation: str | None = None, parameters: Sequence | None = None):
@@ -77,9 +88,9 @@ class Cursor:
                 raise ProgrammingError("explain() without SQL explains the open workload "
                                        "block, and none is open (or it is empty); pass SQL, "
                                        "or execute BEGIN WORKLOAD and some statements first")
-        else:
-            sql = _Template(operation).bind(parameters)
-        return self._explain(sql)
+            return self._explain(sql)
+        with self._cancellable():
+            return self._explain(_Template(operation).bind(parameters))
 
     def _explain(self, sql):
         s = self.connection._snapshot()

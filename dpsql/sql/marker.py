@@ -106,7 +106,17 @@ def pieces(text: str) -> list[Piece]:
     return out
 
 
+#: the words a marker starts with, upper case
+_FIRST_WORDS = frozenset(words[0] for words in _FORMS)
+
+
 def has_marker(text: str) -> bool:
+    """Whether ``text`` holds a workload marker. A text in which none of the words a marker
+    starts with appears (in any case; a token's text is part of the text) has none, and is
+    not tokenized here: the parse that follows reads it once."""
+    upper = text.upper()
+    if not any(word in upper for word in _FIRST_WORDS):
+        return False
     return any(p.marker for p in pieces(text))
 
 

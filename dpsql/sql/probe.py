@@ -17,6 +17,9 @@ from dataclasses import dataclass
 import sqlglot
 from sqlglot import exp
 from sqlglot.optimizer.simplify import simplify
+from sqlglot.tokens import TokenType
+
+from dpsql.sql import split
 
 _ALLOWED = ("expressions", "from_", "from", "where", "limit")
 
@@ -29,9 +32,15 @@ class Probe:
 
 def probe(sql: str, dialect: str = "duckdb") -> Probe | None:
     """The table and columns a schema probe asks for, or None when ``sql`` is anything
-    else."""
+    else. A text of several statements is no probe: it is read up to its second statement
+    (DuckDB's tokens in pieces, :mod:`dpsql.sql.split`) and not parsed (a batch's one
+    parse is its request's)."""
     try:
-        trees = [t for t in sqlglot.parse(sql, read=dialect) if t is not None]
+        tokens = _one_statement(sql, dialect)
+        if tokens is None:
+            return None
+        trees = [t for t in sqlglot.Dialect.get_or_raise(dialect).parser().parse(tokens, sql)
+                 if t is not None]
     except sqlglot.errors.SqlglotError:
         return None
     if len(trees) != 1 or not isinstance(trees[0], exp.Select):
@@ -50,6 +59,21 @@ def probe(sql: str, dialect: str = "duckdb") -> Probe | None:
         return None
     columns = _columns(tree.expressions)
     return None if columns == () else Probe(table.name.lower(), columns)
+
+
+def _one_statement(sql: str, dialect: str) -> list | None:
+    """``sql``'s tokens, or None as soon as a token follows a ``;`` (a second statement)."""
+    parts = split.pieces(sql) if dialect == "duckdb" else \
+        [sqlglot.Dialect.get_or_raise(dialect).tokenize(sql)]
+    out, ended = [], False
+    for part in parts:
+        for tok in part:
+            if tok.token_type == TokenType.SEMICOLON:
+                ended = True
+            elif ended:
+                return None
+        out.extend(part)
+    return out
 
 
 def _false(where) -> bool:

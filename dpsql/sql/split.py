@@ -2,21 +2,24 @@
 
 sqlglot's tokenizer reads a whole text in one call, so a request's cancel token
 (:mod:`dpsql.cancel`) would wait for a 25,000-statement text to be read (issue 22). Here the
-text is cut into *pieces* of about :data:`PIECE_CHARS` characters, each ending at a
-statement's ``;`` followed by nothing but spaces and a line break; each piece is tokenized by
-sqlglot's own DuckDB tokenizer (the lexing stays sqlglot's, never a regex) and the token is
-checked between pieces.
+text is cut into *pieces* of about :data:`PIECE_CHARS` characters, each ending just after a
+statement's ``;`` and the spaces that follow it: at a line break, or mid-line before the next
+statement (a text written on one line is cut too); each piece is tokenized by sqlglot's own
+DuckDB tokenizer (the lexing stays sqlglot's, never a regex) and the token is checked
+between pieces.
 
-That gives exactly the tokens of one call, positions included (each piece's line and
-character offsets are added to its tokens):
+That gives exactly the tokens of one call, positions included (each piece's line, column
+and character offsets are added to its tokens; a mid-line piece's first line continues the
+``;``'s line):
 
-- a piece starts at the start of a line, after a ``;`` that ended the previous piece, which is
-  how sqlglot's tokenizer starts a text too (no pending comment, a command keyword is
-  recognised as after a ``;``, columns count from the line's start);
+- a piece starts after a ``;`` that ended the previous piece, which is how sqlglot's
+  tokenizer starts a text too (no pending comment, a command keyword is recognised as after
+  a ``;``);
 - the tokenizer reads left to right, so a piece's tokens are the text's unless the cut falls
-  inside a token (a string, a quoted name, a comment): then the piece fails to tokenize or
-  does not end with that ``;`` token, and the cut is dropped (the piece grows to the next
-  cut; after :data:`MAX_RETRIES` failures the rest of the text is read in one call);
+  inside a token (a string, a quoted name, a comment, a dollar quote): then the piece fails
+  to tokenize or does not end with that ``;`` token, and the cut is dropped (the piece grows
+  to the next cut; after :data:`MAX_RETRIES` failures the rest of the text is read in one
+  call);
 - a comment after the ``;`` on its line would belong to the ``;``: such a ``;`` is no cut.
 
 A text that sqlglot cannot tokenize is tokenized whole once more, so its error is the one
@@ -43,6 +46,7 @@ MAX_RETRIES = 4
 
 
 _DIALECT: list = []
+_COMMENTS: list = []
 _LOCAL = threading.local()
 
 
@@ -62,10 +66,20 @@ def _tokenize(text: str) -> list:
     return tokenizer.tokenize(text)
 
 
+def _comment_starts() -> tuple:
+    """How a comment starts in the dialect (``--``, ``/*``), read once."""
+    if not _COMMENTS:
+        _COMMENTS.extend(c if isinstance(c, str) else c[0]
+                         for c in dialect().tokenizer_class.COMMENTS)
+    return tuple(_COMMENTS)
+
+
 def cut(text: str, at: int) -> int:
-    """The end of the first piece-ending line at or after ``at``: the index after the line
-    break that follows a ``;`` and spaces; ``len(text)`` if there is none."""
-    size = len(text)
+    """The end of the first cut at or after ``at``: after a ``;`` and the spaces or tabs
+    that follow it, and after the line break that follows them, if one does; never before a
+    comment on the ``;``'s line (it belongs to the ``;``) nor before a lone carriage return.
+    ``len(text)`` if there is none."""
+    size, comments = len(text), _comment_starts()
     while at < size:
         semi = text.find(";", at)
         if semi < 0:
@@ -75,9 +89,11 @@ def cut(text: str, at: int) -> int:
             k += 1
         if text.startswith("\r\n", k):
             return k + 2
-        if k < size and text[k] == "\n":
+        if text.startswith("\n", k):
             return k + 1
-        at = k
+        if not text.startswith(comments, k) and not text.startswith("\r", k):
+            return k           # mid-line, before the next statement (or at the text's end)
+        at = k                 # (a lone CR: sqlglot counts it as a line for some purposes only)
     return size
 
 
@@ -85,20 +101,27 @@ def pieces(text: str, chars: int = PIECE_CHARS) -> Iterator[list]:
     """Yield the tokens of ``text``, piece by piece (see the module's doc), with their
     positions in ``text``; the cancel token is checked before each piece. Tokenizer errors
     are raised as one call over ``text`` raises them."""
-    start, lines, size = 0, 0, len(text)
+    start, size = 0, len(text)
+    lines, columns = 0, 0      # lines before the piece's first; columns before it on that line
     while start < size:
         cancel.check()
         end, tokens = _piece(text, start, chars)
         if not tokens:
             return
-        if lines or start:
+        if start:
             for tok in tokens:
+                if tok.line == 1:
+                    tok.col += columns
                 tok.line += lines
                 tok.start += start
                 tok.end += start
+        semi = tokens[-1]          # the ``;`` the cut follows (or the text's last token)
+        if text[end - 1] == "\n":
+            lines, columns = semi.line, 0
+        else:                      # a mid-line cut: the next piece continues the ``;``'s line
+            lines, columns = semi.line - 1, semi.col + (end - 1 - semi.end)
         gcpause.tick(len(tokens) // 20)    # about a statement's worth of tokens
         yield tokens
-        lines = tokens[-1].line            # the ``;``'s line; the next piece starts below it
         start = end
 
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import duckdb
 
+from dpsql import cancel
 from dpsql.errors import UnsupportedQueryError
 from dpsql.sql.marker import pieces
-from dpsql.sql.readback import references, split
+from dpsql.sql.readback import references, split, tree_of
 from dpsql.store import ledger
 from dpsql.store.database import quote_ident
 from dpsql.store.results import ResultTable
@@ -93,10 +94,11 @@ def plan(db, texts) -> list[tuple[str, list[str]]] | None:
     workloads and result-table reads in order (:func:`dpsql.sql.readback.split`); None when
     it reads no result table."""
     statements = [p.text for t in texts for p in pieces(t)]
+    trees = [tree_of(s) for s in cancel.checked(statements)]     # each parsed once
     if not any(refs is not None and refs.tables
-               for refs in (references(s) for s in statements)):
+               for refs in (references(s, t) for s, t in zip(statements, trees))):
         return None
-    return split(statements, *names(db))
+    return split(statements, *names(db), trees)
 
 
 def names(db) -> tuple[set, set]:

@@ -13,7 +13,7 @@ from sqlglot import exp
 
 from dpsql.errors import ParseError, UnsupportedQueryError
 from dpsql.policy.policy import table_policy_from_spec
-from dpsql.sql import bulk, parse
+from dpsql.sql import bulk, parse, split
 from dpsql.sql.parse import parse_batch, split_statements
 from tests.sql.statements import read
 
@@ -51,10 +51,14 @@ def _same(mine: exp.Expression, theirs: exp.Expression) -> None:
         assert a.comments == b.comments
 
 
-@pytest.mark.parametrize("joined", [False, True])
-def test_templated_trees_are_sqlglots_trees(joined):
+@pytest.mark.parametrize("joined", [None, ";\n", "; ", ";", " ;\t"])
+def test_templated_trees_are_sqlglots_trees(joined, monkeypatch):
+    """Also on one line (statements separated by ``;`` alone): the text is cut mid-line,
+    in small pieces here so that most statements follow a cut."""
     texts = _statements(1, 300)
-    given = ";\n".join(texts) if joined else texts
+    given = joined.join(texts) if joined else texts
+    real = split.pieces
+    monkeypatch.setattr(split, "pieces", lambda text: real(text, 200))
     mine = split_statements(given)
     theirs = [t for t in (sqlglot.parse(given, dialect="duckdb") if joined else
                           [sqlglot.parse_one(s, dialect="duckdb") for s in texts])

@@ -16,19 +16,34 @@ FRAGMENTS = [
     "-- x;\nSELECT 3", "SELECT 4 -- tail", "SELECT $$a;\n$$", "SELECT E'\\';\n'", "BEGIN",
     "COMMIT", "SELECT 5 /* t */", "select\n  6\n", "SELECT 7; -- after", "SELECT 'x'';\n'",
     "\r\nSELECT 8\r\n", "SET x = 1", "SELECT /*+ hint */ 9",
+    # one-line adversaries: a ``;`` then a space inside every kind of token
+    "SELECT 'a; b'", "SELECT 'a;b'", 'SELECT "x; y" FROM t', "SELECT 1 /* ; c */",
+    "/* c; d */ SELECT 2", "SELECT 3 -- ; tail", "SELECT $$a; b$$", "SELECT $q$ ; $q$",
+    "SELECT $x", "SELECT $1", "SELECT a$b", "SELECT E'\\'; '", "SELECT 'x''; '",
+    "SELECT ';'", "SELECT 1 /* a */ /* b; */", "SELECT 10\rSELECT", "SHOW t; x",
 ]
-SEPARATORS = [";\n", "; \n", ";\r\n", ";", "; ", ";\t\n", ";\n\n", " ;\n"]
+SEPARATORS = [";\n", "; \n", ";\r\n", ";", "; ", ";\t\n", ";\n\n", " ;\n", ";  ",
+              ";\t", "; /* after; */ ", "; -- after;\n", ";\r", ";;", "; ;"]
 BROKEN = ["SELECT 'open", "SELECT /* open", 'SELECT "open']
 
 
-def _key(tok) -> tuple:
-    return (tok.token_type, tok.text, tok.line, tok.col, tok.start, tok.end,
-            tuple(tok.comments))
+#: a ``$`` parameter (``$x``, ``$1``): sqlglot looks ahead for a dollar quote's closing tag,
+#: counting the lines it passes, and does not take them back when there is none, so one call
+#: gives the tokens after it lines past the text's end (``SELECT $x;\nSELECT 1;`` puts the
+#: ``;`` on line 3, column -3); pieces look ahead only to their own end. Such texts are
+#: compared by type, text, offsets and comments only.
+PARAMETERS = ("$x", "$1")
+
+
+def _key(tok, positions: bool = True) -> tuple:
+    return (tok.token_type, tok.text, tok.start, tok.end, tuple(tok.comments)) + (
+        (tok.line, tok.col) if positions else ())
 
 
 def _tokens(read, text: str):
+    positions = not any(p in text for p in PARAMETERS)
     try:
-        return [_key(t) for t in read(text)]
+        return [_key(t, positions) for t in read(text)]
     except sqlglot.errors.TokenError as exc:
         return ("error", str(exc))
 
@@ -40,12 +55,14 @@ def _text(rng: random.Random, broken: bool) -> str:
     return "".join(parts)
 
 
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", range(8))
 def test_pieces_give_one_calls_tokens_and_errors(seed):
     rng = random.Random(seed)
     whole = sqlglot.Dialect.get_or_raise("duckdb").tokenize
     for _ in range(300):
         text = _text(rng, broken=rng.random() < 0.2)
+        if seed % 2:                         # one line: every cut falls mid-line
+            text = text.replace("\r\n", " ").replace("\n", " ")
         chars = rng.choice([1, 7, 40, 200, split.PIECE_CHARS])
         assert _tokens(lambda t: split.tokens(t, chars), text) == _tokens(whole, text), \
             (text, chars)
