@@ -157,14 +157,20 @@ def residual_block_answers(sizes, a: dict, y: dict, block: KronBlock,
     sizes = tuple(int(n) for n in sizes)
     if block.sizes != sizes:
         raise ValueError(f"block sizes {block.sizes} differ from the plan's {sizes}")
-    B = block.used
+    answers = block.answer(residual_marginal(sizes, a, y, block.used))
+    return answers, residual_block_stderr(sizes, a, block, sigma)
+
+
+def residual_marginal(sizes, a: dict, y: dict, B) -> np.ndarray:
+    """``Q_B x̂`` (:func:`residual_answer`) with the residuals not measured (``a_A = 0``)
+    entering as zeros."""
+    sizes = tuple(int(n) for n in sizes)
     a_eff, y_eff = dict(a), dict(y)
-    for A in _subsets(B):
+    for A in _subsets(_sorted_set(B)):
         if a.get(A, 0.0) <= 0 or A not in y:
             a_eff[A] = 1.0
             y_eff[A] = np.zeros(tuple(sizes[i] - 1 for i in A))
-    answers = block.answer(residual_answer(sizes, a_eff, y_eff, B))
-    return answers, residual_block_stderr(sizes, a, block, sigma)
+    return residual_answer(sizes, a_eff, y_eff, B)
 
 
 def residual_block_stderr(sizes, a: dict, block: KronBlock, sigma: float = 1.0) -> np.ndarray:

@@ -35,7 +35,8 @@ import time
 import numpy as np
 
 from dpsql.errors import StrategyError
-from dpsql.inference.implicit import residual_block_answers, residual_block_stderr
+from dpsql.inference.implicit import (residual_block_answers, residual_block_stderr,
+                                      residual_marginal)
 from dpsql.mechanisms.implicit_cost import MAX_BOUND_FLOPS, bound_skipped, check_limits
 from dpsql.noise.gaussian import calibrate_with_rounding
 from dpsql.store.results import Z95, Candidate, Explanation
@@ -77,10 +78,20 @@ class ResidualChoice:
 
     def answers(self, y: np.ndarray) -> np.ndarray:
         """The batch's answers from the residual measurements ``y`` (kernel order)."""
+        return self.workload.assemble(self.block_answers(y))
+
+    def block_answers(self, y: np.ndarray) -> list:
+        """Each block's least-squares answers (all its rows), in block order."""
         tensors = _split(self.plan, y)
         sizes, a = self.residual.sizes, self.residual.a
-        return self.workload.assemble([residual_block_answers(sizes, a, tensors, b)[0]
-                                       for b in self.workload.union.blocks])
+        return [residual_block_answers(sizes, a, tensors, b)[0]
+                for b in self.workload.union.blocks]
+
+    def region_marginals(self, y: np.ndarray, regions) -> dict:
+        """The least-squares marginal on each region (columns), from ``y``."""
+        tensors = _split(self.plan, y)
+        return {R: residual_marginal(self.residual.sizes, self.residual.a, tensors, R)
+                for R in regions}
 
 
 class MarginalsChoice:
@@ -140,14 +151,25 @@ class MarginalsChoice:
         return out
 
     def answers(self, y: np.ndarray) -> np.ndarray:
+        return self.workload.assemble(self.block_answers(y))
+
+    def block_answers(self, y: np.ndarray) -> list:
         tensors = _split(self.plan, y)
-        union = self.workload.union
         per_block = []
-        for block in union.blocks:
+        for block in self.workload.union.blocks:
             C = self._home(block.used)
             T = tensors[C].sum(axis=tuple(a for a, i in enumerate(C) if i not in block.used))
             per_block.append(block.answer(T))
-        return self.workload.assemble(per_block)
+        return per_block
+
+    def region_marginals(self, y: np.ndarray, regions) -> dict:
+        """The noisy marginal on each region, summed down from its smallest clique."""
+        tensors = _split(self.plan, y)
+        out = {}
+        for R in regions:
+            C = self._home(R)
+            out[R] = tensors[C].sum(axis=tuple(a for a, i in enumerate(C) if i not in R))
+        return out
 
 
 class KronChoice:
@@ -196,6 +218,9 @@ class KronChoice:
         return laplace_sum_halfwidth(self._variance, self._top, scale)
 
     def answers(self, y: np.ndarray) -> np.ndarray:
+        return self.workload.assemble(self.block_answers(y))
+
+    def block_answers(self, y: np.ndarray) -> list:
         from dpsql.inference import union_kron as infer
 
         tensors, start = {}, 0
@@ -205,9 +230,8 @@ class KronChoice:
             start += math.prod(shape)
         if start != len(y):
             raise StrategyError(f"internal error: expected {start} measurements, got {len(y)}")
-        return self.workload.assemble([
-            infer.block_answers(self.kron, self._group[k], b, tensors)
-            for k, b in enumerate(self.workload.union.blocks)])
+        return [infer.block_answers(self.kron, self._group[k], b, tensors)
+                for k, b in enumerate(self.workload.union.blocks)]
 
 
 def _maximal(cliques) -> tuple:

@@ -7,10 +7,14 @@ exact standard errors are computed block by block (:mod:`dpsql.inference.implici
 (residual) or Laplace (each clique's marginal) noise, as :func:`dpsql.mechanisms.implicit.select`
 chose.
 
+Consistency post-processing: ``nonnegative`` answers come from the local-polytope estimate
+of the measured marginals (:mod:`dpsql.inference.pgm`, Private-PGM relaxed), its rounds
+bounded from public sizes before the charge; ``integer`` rounds the answers.
+
 What the implicit path does not do yet sends the batch to the dense form instead
 (:func:`compile_for`; the dense compile refuses products over its cell limit with the sizes
-and how to split): a strategy named explicitly, accuracy targets, nonnegative/integer
-post-processing, and SUM/AVG (:mod:`dpsql.release.joint`). Answers from past releases are not combined with an
+and how to split): a strategy named explicitly, accuracy targets, and SUM/AVG
+(:mod:`dpsql.release.joint`). Answers from past releases are not combined with an
 implicit batch (explain says so); its measurements are not stored for reuse.
 """
 
@@ -38,8 +42,6 @@ def _dense_only(ask: Ask, policy, queries=()) -> str | None:
         return f"strategy {ask.strategy!r}"
     if ask.objective is not None:
         return "an accuracy target"
-    if ask.nonnegative or ask.integer:
-        return "nonnegative/integer answers"
     return None
 
 
@@ -62,8 +64,8 @@ def compile_for(ask: Ask, public: Public):
                 f"{reason} needs the batch's full cell product, and this batch's has "
                 f"{workload.n_cells:,} cells (limit {MAX_CELLS:,}): batches this wide are "
                 "answered through Kronecker blocks, which do not serve it yet; nothing was "
-                "charged; ask without it (strategy auto, epsilon, no nonnegative/integer "
-                "post-processing) or split the batch over fewer columns")
+                "charged; ask without it (strategy auto, epsilon) or split the batch over "
+                "fewer columns")
         workload = memo.compiled(key, queries, policy)
     return policy, queries, workload
 
@@ -121,6 +123,8 @@ class ImplicitPlan(Plan):
 
     workload: object = None
     choice: object = None
+    post: tuple = (False, False)     # (nonnegative, integer)
+    rounds: int = 0                  # the non-negative estimate's most rounds
 
     @classmethod
     def of(cls, ask: Ask, public: Public, policy, queries, workload) -> "ImplicitPlan":
@@ -146,7 +150,8 @@ class ImplicitPlan(Plan):
                  sensitivity=k * choice.sensitivity, rho=rho, expected_rmse=expl.rmse,
                  bound_ratio=expl.bound_ratio),
             Shown(float(eps), float(cost.delta), expl.strategy, scale, expl.rmse),
-            workload=workload, choice=choice)
+            workload=workload, choice=choice, post=(ask.nonnegative, ask.integer),
+            rounds=_affordable_rounds(choice, workload) if ask.nonnegative else 0)
 
     def measure(self, handle):
         return handle.release(self.workload, self.choice.plan, self.explanation.sigma,
@@ -156,5 +161,53 @@ class ImplicitPlan(Plan):
         answers = self.choice.answers(m.y)
         stderr = self.explanation.stderr
         halfwidth = self.choice.halfwidth(self.explanation.sigma)
+        answers, comment = _post_process(self, m.y, answers)
         parts = [(out, answers, stderr, halfwidth) for out in self.workload.outputs]
-        return Answers(parts, None, None)
+        return Answers(parts, comment, None)
+
+
+def _affordable_rounds(choice, workload) -> int:
+    """The non-negative estimate's most rounds within the request's limits (public sizes);
+    refused before any charge when it cannot run."""
+    from dpsql.errors import BatchTooLarge
+    from dpsql.inference import pgm
+    from dpsql.workload import limits as planning
+
+    limit = planning.current()
+    rounds, why = pgm.planned_rounds(workload.union.sizes,
+                                     pgm.block_measurements(workload.union.blocks), limit)
+    if why is not None:
+        raise BatchTooLarge(
+            f"nonnegative answers for this batch are too costly within {limit.describe()}: "
+            f"the estimate {why}; nothing was charged; ask without nonnegative, split the "
+            "batch (fewer columns per statement), or raise max_memory / time_limit")
+    return rounds
+
+
+def _post_process(plan: ImplicitPlan, y, answers):
+    """(answers, the tables' comment): the local-polytope estimate's answers when
+    non-negative answers were asked, rounded when integers were (post-processing of ``y``)."""
+    nonnegative, integer = plan.post
+    if not (nonnegative or integer):
+        return answers, None
+    notes = []
+    if nonnegative:
+        from dpsql.inference import pgm
+
+        union = plan.workload.union
+        least_squares = np.concatenate([np.ravel(a) for a in plan.choice.block_answers(y)])
+        marginals = getattr(plan.choice, "region_marginals", None)
+        tables, rounds = pgm.estimate(
+            union.sizes, pgm.block_measurements(union.blocks), least_squares,
+            max_rounds=plan.rounds,
+            start=None if marginals is None else (lambda regions: marginals(y, regions)))
+        answers = plan.workload.assemble([pgm.block_answers(tables, b, union.sizes)
+                                          for b in union.blocks])
+        notes.append("the least-squares answers projected onto those of non-negative, "
+                     "consistent marginals (a Private-PGM estimate over the local "
+                     f"polytope, {rounds} rounds)")
+    if integer:
+        answers = np.rint(answers)
+        notes.append("rounded to integers")
+    return answers, ("dpsql post-processing: " + "; ".join(notes) + ". stderr, ci_low and "
+                     "ci_high describe the unconstrained least-squares estimate.")
