@@ -280,16 +280,18 @@ def estimate(sizes, measurements, y, *, tolerance: float = TOLERANCE,
     docstring) from linear measurements of the marginals
     (:class:`~dpsql.workload.marginals.MarginalMeasurement` s) and their values ``y``
     (concatenated in order). ``start``: a callable from the regions to their starting tables
-    (the least-squares marginals: then a feasible optimum is found at once), else zeros.
+    (the least-squares marginals: then a feasible optimum is found at once) or None, which
+    (like no ``start``) starts from a conjugate-gradient least-squares solve.
     ``check``: called every 50 rounds (a cancel token's check)."""
     sizes = tuple(int(n) for n in sizes)
     regions = regions_of([m.columns for m in measurements])
     loss = _Loss(regions, sizes, measurements, y)
     beta = loss.lipschitz(regions)
     subspace = Subspace(regions, sizes, beta)
-    z = _least_squares(loss, subspace, beta, regions) if start is None else \
+    given = None if start is None else start(regions)
+    z = _least_squares(loss, subspace, beta, regions) if given is None else \
         {R: np.array(T, dtype=float).reshape(tuple(sizes[i] for i in R))
-         for R, T in start(regions).items()}
+         for R, T in given.items()}
     x_plus, rounds = z, 0
     for rounds in range(1, max_rounds + 1):
         x_v = subspace.project(z)

@@ -220,9 +220,7 @@ class KronChoice:
     def answers(self, y: np.ndarray) -> np.ndarray:
         return self.workload.assemble(self.block_answers(y))
 
-    def block_answers(self, y: np.ndarray) -> list:
-        from dpsql.inference import union_kron as infer
-
+    def _tensors(self, y: np.ndarray) -> dict:
         tensors, start = {}, 0
         for key, meas in zip(self.keys, self.plan.measurements):
             shape = tuple(F.shape[0] for F in meas.factors)
@@ -230,8 +228,35 @@ class KronChoice:
             start += math.prod(shape)
         if start != len(y):
             raise StrategyError(f"internal error: expected {start} measurements, got {len(y)}")
+        return tensors
+
+    def block_answers(self, y: np.ndarray) -> list:
+        from dpsql.inference import union_kron as infer
+
+        tensors = self._tensors(y)
         return [infer.block_answers(self.kron, self._group[k], b, tensors)
                 for k, b in enumerate(self.workload.union.blocks)]
+
+    def region_marginals(self, y: np.ndarray, regions) -> dict | None:
+        """Each region's least-squares marginal, read from the group of a block on exactly
+        those columns (a start for :func:`dpsql.inference.pgm.estimate`); None when some
+        region has no such block or a one-part column."""
+        from dpsql.inference import union_kron as infer
+        from dpsql.workload.blocks import KronBlock, identity_factor, ones_factor
+
+        sizes, blocks = self.workload.union.sizes, self.workload.union.blocks
+        owner: dict = {}
+        for k, b in enumerate(blocks):
+            owner.setdefault(b.used, k)
+        if any(R not in owner or any(sizes[i] == 1 for i in R) for R in regions):
+            return None
+        tensors, out = self._tensors(y), {}
+        for R in regions:
+            whole = KronBlock(tuple(identity_factor(n) if i in R else ones_factor(n)
+                                    for i, n in enumerate(sizes)))
+            out[R] = infer.block_answers(self.kron, self._group[owner[R]], whole,
+                                         tensors).reshape(tuple(sizes[i] for i in R))
+        return out
 
 
 def _maximal(cliques) -> tuple:

@@ -442,15 +442,20 @@ WIDE = [f"SELECT {a}, {b}, COUNT(*) FROM adult GROUP BY {a}, {b}"
         for a, b in itertools.combinations(COLS + ["age", "hours_per_week"], 2)]
 
 
-@pytest.mark.parametrize("delta", [1e-6, 0])
-def test_non_negative_integer_answers_on_a_wide_batch_are_exact_without_noise(delta):
+@pytest.mark.parametrize("delta, conditions", [(1e-6, False), (0, False), (1e-6, True)])
+def test_non_negative_integer_answers_on_a_wide_batch_are_exact_without_noise(delta,
+                                                                               conditions):
     """Exact measurements: the least-squares answers are already non-negative and
-    consistent, so the estimate (started from the least-squares marginals) returns them and
-    every answer is DuckDB's own count, declared-but-empty groups included."""
+    consistent, so the estimate (started from the plan's own least-squares marginals:
+    residual, marginals, or the kron plan when some blocks hold conditions) returns them,
+    and every answer is DuckDB's own count, declared-but-empty groups included."""
     db, path = _database(_NoNoise())
+    columns = ["sex", "race", "age", "workclass"] if conditions else COLS
     batch = [f"SELECT {a}, {b}, COUNT(*) FROM adult GROUP BY {a}, {b}"
-             for a, b in itertools.combinations(COLS, 2)]
+             for a, b in itertools.combinations(columns, 2)]
+    batch += EMPTY_GROUPS if conditions else []
     release = db.answer(batch, epsilon=1, delta=delta, nonnegative=True, integer=True)
+    assert (release.strategy == "kron") == conditions
     db.close()
     con = duckdb.connect(path)
     for sql, table in zip(batch, release.tables):
