@@ -170,7 +170,8 @@ class Session:
         ``confirm=True``; without it the cost is reported in the error and nothing is spent.
 
         Consistency (post-processing, no privacy cost): ``nonnegative=True`` answers from
-        the cell estimates of non-negative least squares, ``integer=True`` rounds the
+        the cell estimates of non-negative least squares (on batches compiled to blocks:
+        the closest non-negative consistent marginals, :mod:`dpsql.inference.pgm`), ``integer=True`` rounds the
         answers. The standard errors and intervals still describe the unconstrained
         estimate; the result tables' comments say so.
 

@@ -69,7 +69,8 @@ SETTINGS: dict[str, Setting] = _declare(
             "(d_X privacy under the table's declared metric: epsilon per unit distance, "
             "delta 0, charged to its metric budget)", _ALL, check_model, "dp", choices=MODELS,
             metavar="M"),
-    Setting("nonnegative", "flag", False, "answers from non-negative least squares "
+    Setting("nonnegative", "flag", False, "non-negative answers: non-negative least squares, "
+            "or on wide batches the closest non-negative consistent marginals "
             "(post-processing, no privacy cost)", _ALL, check_flag, explain=False),
     Setting("integer", "flag", False, "round the answers to integers (post-processing, no "
             "privacy cost)", _ALL, check_flag, explain=False),

@@ -100,7 +100,9 @@ class ShellState:
             return (f"{key} = {show_target(value)} (each query spends the smallest epsilon "
                     f"whose {what} is at most {show_target(value)}, after you confirm it)")
         if key in FLAGS:
-            what = {"nonnegative": "answers from non-negative least squares; no privacy cost",
+            what = {"nonnegative": "non-negative answers (non-negative least squares, or on wide "
+                                   "batches the closest non-negative consistent "
+                                   "marginals); no privacy cost",
                     "integer": "answers rounded to integers; no privacy cost",
                     "reuse": "answers from past releases wherever they are at least as "
                              "accurate, at no privacy cost" if value else
