@@ -62,6 +62,7 @@ import math
 import numpy as np
 
 from dpsql.inference.consistent import Subspace
+from dpsql.inference.union_kron import home   # the smallest region holding the columns
 from dpsql.workload.marginals import MarginalMeasurement
 
 #: stop when ‖x₊ − x_V‖ ≤ TOLERANCE · max(‖x_V‖, 1) (x₊ is then consistent to that level)
@@ -92,12 +93,6 @@ def regions_of(cliques) -> tuple:
     sets = {tuple(sorted(int(c) for c in C)) for C in cliques}
     return tuple(sorted((C for C in sets if not any(set(C) < set(D) for D in sets)),
                         key=lambda C: (-len(C), C)))
-
-
-def home(regions: tuple, cols, sizes) -> tuple:
-    """The smallest region holding ``cols`` (ties: the first)."""
-    return min((R for R in regions if set(cols) <= set(R)),
-               key=lambda R: math.prod(sizes[i] for i in R))
 
 
 def round_seconds(sizes, measurements) -> float:
