@@ -257,7 +257,7 @@ def write_results(con, receipt: Receipt, policy, answers: Answers, replace: bool
             cols = build_columns(out, policy, values, stderr, halfwidth, *interval)
             tables.append((name, cols, replace or out.query.replace
                            or out.query.target is None))
-        engine.write_tables(con, tables, store=f"r{receipt.release_id}",
+        engine.write_tables(con, tables, release=receipt.release_id,
                             comment=answers.comment)
         for (name, cols, _), (out, *_) in zip(tables, answers.parts):
             rows = list(zip(*[v for _, _, v in cols])) if cols else []

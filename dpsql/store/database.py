@@ -302,39 +302,47 @@ def key_sql_type(domain) -> str:
     return "DOUBLE"
 
 
-def write_tables(con, tables: Sequence[tuple], *, store: str,
+def write_tables(con, tables: Sequence[tuple], *, release: int,
                  comment: str | None = None) -> None:
     """Create a release's result tables in one bulk write: ``tables`` are ``(name, columns,
-    replace)`` with ``columns`` ``(column name, SQL type, values)``; ``store`` names the
-    release's stored answers (``r<release id>``).
+    replace)`` with ``columns`` ``(column name, SQL type, values)``; ``release`` is the
+    release's id.
 
-    The rows of every table with the same column names and types go into one stored table,
-    ``dpsql_results.<store>_<k>`` (filled by one statement from typed lists:
-    :func:`_store_rows`), and each result table is a view in ``main`` over its slice, in
-    order (created, and commented, in one multi-statement call: :func:`_create_tables`).
-    A view is a catalog entry (about 0.5 ms to create); a base table per statement cost
-    DuckDB a 256 KB block each (issue 16's 24,975-statement batch: 6.3 GB and ~96 s). A
-    replaced name that is still a base table (written before schema version 3) is dropped
-    first. Runs inside the caller's transaction (the release's, which also marks it
-    released), so a failure rolls every table back."""
+    Every release's rows go into a few shared tables, one per tuple of column types
+    (:func:`stored_table`: ``dpsql_results.answers_vdd`` holds every VARCHAR, DOUBLE, DOUBLE
+    answer of every release), appended by one statement per type tuple from typed lists
+    (:func:`_store_rows`); each result table is a view in ``main`` over its slice
+    (``_release``, ``_t``), in row order, created and commented in one multi-statement call
+    (:func:`_create_tables`). A view is a catalog entry (about 0.5 ms to create). A base
+    table per statement cost DuckDB a 256 KB block each (issue 16's 24,975-statement batch:
+    6.3 GB and ~96 s), and a stored table per release and column layout still cost a block
+    each: about 1 MB of file per small release and an ever slower opening of the database
+    (245 MB and 155 ms per opening after 210 releases of a 12-answer batch); shared tables
+    grow with the answers only. A replaced name that is still a base table (written before
+    schema version 3) is dropped first. Runs inside the caller's transaction (the release's,
+    which also marks it released), so a failure rolls every table and row back."""
     groups: dict = {}
     for k, (_, columns, _) in enumerate(tables):
         groups.setdefault(tuple((c, t) for c, t, _ in columns), []).append(k)
     with engine_errors("writing result tables"):
         statements = [f"DROP TABLE main.{quote_ident(name)}" for name in
                       _base_tables(con, [name for name, _, replace in tables if replace])]
-        for s, (signature, members) in enumerate(groups.items()):
+        offsets: dict = {}
+        for signature, members in groups.items():
             if not signature:
                 raise ValueError("a result table has at least its count columns")
-            stored = f"{schema.RESULTS_SCHEMA}.{quote_ident(f'{store}_{s}')}"
-            _store_rows(con, stored, signature, [tables[k][1] for k in members])
+            types = tuple(t for _, t in signature)
+            stored = stored_table(types)
+            first = offsets.get(types, 0)
+            offsets[types] = first + len(members)
+            _store_rows(con, stored, types, release, first, [tables[k][1] for k in members])
             cols = ", ".join(f"c{i} AS {quote_ident(c)}" for i, (c, _) in enumerate(signature))
-            for j, k in enumerate(members):
+            for j, k in enumerate(members, start=first):
                 name, _, replace = tables[k]
                 create = "CREATE OR REPLACE VIEW" if replace else "CREATE VIEW"
                 target = f"main.{quote_ident(name)}"
                 statements.append(f"{create} {target} AS SELECT {cols} FROM {stored} "
-                                  f"WHERE _t = {j} ORDER BY _r")
+                                  f"WHERE _release = {int(release)} AND _t = {j} ORDER BY _r")
                 if comment is not None:
                     statements.append(f"COMMENT ON VIEW {target} IS "
                                       f"'{comment.replace(chr(39), chr(39) * 2)}'")
@@ -351,17 +359,39 @@ def _base_tables(con, names: list) -> list:
     return [r[0] for r in rows]
 
 
-def _store_rows(con, stored: str, signature: tuple, columns: list) -> None:
-    """One table holding the rows of every result table with this signature: ``_t`` the
-    table's index among them, ``_r`` the row's, then the columns ``c0, c1, …``."""
+#: one letter per column type in a stored table's name
+_TYPE_CODES = {"VARCHAR": "v", "BIGINT": "b", "DOUBLE": "d", "BOOLEAN": "l", "INTEGER": "i"}
+
+
+def stored_table(types: tuple) -> str:
+    """The shared table holding every release's answers whose columns have these SQL types:
+    ``dpsql_results.answers_<one letter per column>`` (a type without a letter spells the
+    whole tuple's hash instead, so names stay distinct)."""
+    if all(t in _TYPE_CODES for t in types):
+        suffix = "".join(_TYPE_CODES[t] for t in types)
+    else:
+        import hashlib
+
+        suffix = "h" + hashlib.sha256("|".join(types).encode()).hexdigest()[:16]
+    return f"{schema.RESULTS_SCHEMA}.{quote_ident('answers_' + suffix)}"
+
+
+def _store_rows(con, stored: str, types: tuple, release: int, first: int,
+                columns: list) -> None:
+    """Append the rows of result tables with these column types to their shared table
+    (created on first use): ``_release``, ``_t`` the table's index among the release's
+    tables of this type tuple (from ``first``), ``_r`` the row's, then ``c0, c1, …``."""
     sizes = [len(cols[0][2]) for cols in columns]
-    params = [[t for t, n in enumerate(sizes) for _ in range(n)],
+    params = [[first + t for t, n in enumerate(sizes) for _ in range(n)],
               [r for n in sizes for r in range(n)]]
-    params += [[v for cols in columns for v in cols[i][2]] for i in range(len(signature))]
-    select = ", ".join(["unnest($1::INTEGER[]) AS _t", "unnest($2::INTEGER[]) AS _r"]
-                       + [f"unnest(${i + 3}::{t}[]) AS c{i}"
-                          for i, (_, t) in enumerate(signature)])
-    con.execute(f"CREATE TABLE {stored} AS SELECT {select}", params)
+    params += [[v for cols in columns for v in cols[i][2]] for i in range(len(types))]
+    defs = ", ".join(["_release BIGINT", "_t INTEGER", "_r INTEGER"]
+                     + [f"c{i} {t}" for i, t in enumerate(types)])
+    con.execute(f"CREATE TABLE IF NOT EXISTS {stored} ({defs})")
+    select = ", ".join([f"{int(release)}::BIGINT", "unnest($1::INTEGER[])",
+                        "unnest($2::INTEGER[])"]
+                       + [f"unnest(${i + 3}::{t}[])" for i, t in enumerate(types)])
+    con.execute(f"INSERT INTO {stored} SELECT {select}", params)
 
 
 def _create_tables(con, statements: list) -> None:

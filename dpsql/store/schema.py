@@ -9,9 +9,12 @@ dpsql keeps its own tables in the database's ``dpsql`` schema, beside the analys
 - ``dpsql.strategy_cache``, ``dpsql.selection_cache``, ``dpsql.solver_cache``,
   ``dpsql.halfwidth_cache``: public, re-verified caches (:mod:`dpsql.store.strategy_cache`,
   :mod:`dpsql.store.selection_cache`);
-- ``dpsql_results.r<release>_<k>``: each release's answers, one table per column layout;
-  the result tables in ``main`` are views over them (:func:`dpsql.store.database.
-  write_tables`);
+- ``dpsql_results.answers_<types>``: every release's answers, in tables shared by all
+  releases, one per tuple of column types (rows keyed by ``_release``, ``_t``, ``_r``); the
+  result tables in ``main`` are views over them (:func:`dpsql.store.database.write_tables`,
+  which creates each on first use; releases of dpsql before 2026-11-29 wrote
+  ``dpsql_results.r<release>_<k>``, one per release and layout, still read through their
+  views);
 - ``dpsql.schema_version``: one row per migration applied (``version``, the ``dpsql_version``
   that applied it, ``applied_at``); the database's schema version is the largest ``version``.
 

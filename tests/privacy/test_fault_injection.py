@@ -370,9 +370,13 @@ def check_invariant(path: str) -> dict:
                                             "table_schema = 'main' AND table_name <> 'adult'").fetchall()}
         counts = {t: con.execute(f'SELECT count(*) FROM main."{t}"').fetchone()[0]
                   for t in tables}
-        answers = {int(r[0][1:].split("_")[0]) for r in con.execute(   # r<release>_<k>
-            "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'dpsql_results'"
-        ).fetchall()}
+        answers = set()                 # the releases with stored answers: shared tables
+        for (name,) in con.execute(     # answers_<types> (rows by _release), or r<release>_<k>
+                "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'dpsql_results'"
+        ).fetchall():
+            answers |= ({r[0] for r in con.execute(
+                f'SELECT DISTINCT _release FROM dpsql_results."{name}"').fetchall()}
+                if name.startswith("answers_") else {int(name[1:].split("_")[0])})
     finally:
         con.close()
     status = {r[0]: r[1] for r in rows}
@@ -676,6 +680,7 @@ def test_the_invariant_check_catches_broken_ledgers(templates, scratch):
                 "UPDATE dpsql.ledger SET status = 'charged'",
                 "CREATE TABLE main.stray AS SELECT 1 AS x",
                 "CREATE TABLE dpsql_results.r99_0 AS SELECT 1 AS x",
+                "INSERT INTO dpsql_results.answers_vdddd SELECT 99, 0, 0, 'x', 1, 1, 1, 1",
                 "DELETE FROM dpsql.measurements"):
         with pytest.raises(AssertionError):
             check_invariant(broken(sql))

@@ -380,4 +380,4 @@ def test_old_result_tables_are_read_back_and_replaced_by_views(db, old_path):
         con.close()
     assert kinds[first["name"]] == "VIEW" and kinds["dp_r1_q2"] == "BASE TABLE"
     assert rows == [tuple(row) for row in r.results[0].rows]
-    assert stored == [(f"r{r.release_id}_0",)]
+    assert stored == [("answers_vdddd",)]
