@@ -124,7 +124,8 @@ def _mapped(inner: exp.Select, items: list, keep: list[str]) -> exp.Select:
     ``(i, column, raw, out)``'s token ``t{i}`` (text read as numbers), value ``v{i}``, unit
     ``u{i}`` and part, named ``out``; the columns ``keep`` pass through."""
     def select(*cols: exp.Expression, source: exp.Expression, alias: str) -> exp.Select:
-        return exp.select(*[_col(k) for k in keep], *cols).from_(source.subquery(alias))
+        return exp.select(*[_col(k) for k in keep], *cols).from_(
+            source.subquery(alias, copy=False), copy=False)
 
     raws = [_col(raw) for _, _, raw, _ in items]
     tokens = [_named(mapping.token(_col(raw)), f"t{i}") for i, col, raw, _ in items
@@ -154,9 +155,9 @@ def _capped(rows: exp.Select, read: list[str], cap: Cap) -> exp.Select:
     ranked = exp.case().when(exp.Is(this=_col("dpsql_unit"), expression=exp.null()),
                              exp.Literal.number(1)).else_(rank)
     inner = exp.select(*[_col(c) for c in read], _named(ranked, "dpsql_rank")).from_(
-        rows.subquery("u"))
+        rows.subquery("u", copy=False), copy=False)
     kept = [_col(c) for c in read] or [_named(exp.Literal.number(1), "one")]
-    return exp.select(*kept).from_(inner.subquery("c")).where(
+    return exp.select(*kept).from_(inner.subquery("c", copy=False), copy=False).where(
         exp.LTE(this=_col("dpsql_rank"), expression=exp.Literal.number(int(cap.k))))
 
 
@@ -198,18 +199,19 @@ def marginals_query(relation: exp.Expression, columns: Sequence[UsedColumn],
     if not used:
         return exp.select(*[a.per_cell() for a in aggregates], _named(exp.Literal.number(0),
                                                                       "set")).from_(
-            exp.select(*[a.per_key() for a in aggregates]).from_(rows_keyed.subquery("r"))
-            .subquery("g"))
+            exp.select(*[a.per_key() for a in aggregates])
+            .from_(rows_keyed.subquery("r", copy=False), copy=False)
+            .subquery("g", copy=False), copy=False)
     keys = [_named(_col(f"c{i}"), f"k{i}") if i in raw else _col(f"k{i}") for i in used]
     level2 = (exp.select(*keys, *[a.per_key() for a in aggregates])
-              .from_(rows_keyed.subquery("k"))
+              .from_(rows_keyed.subquery("k", copy=False), copy=False)
               .group_by(*[_col(f"k{i}") for i in used]))
     passed = [f"k{i}" for i in used if i not in raw] + [a.name for a in aggregates]
     level3 = _mapped(level2, [(i, columns[i], f"k{i}", f"p{i}") for i in raw],
                      passed) if raw else level2
     parts = [_col(f"p{i}") if i in raw else _named(_col(f"k{i}"), f"p{i}") for i in used]
     level3 = exp.select(*parts, *[_col(a.name) for a in aggregates]).from_(
-        level3.subquery("m"))
+        level3.subquery("m", copy=False), copy=False)
     rolled = [exp.Mul(this=exp.cast(exp.Grouping(expressions=[_col(f"p{i}")]), "BIGINT"),
                       expression=exp.Literal.number(1 << (len(used) - 1 - k)))
               for k, i in enumerate(used)]
@@ -221,7 +223,7 @@ def marginals_query(relation: exp.Expression, columns: Sequence[UsedColumn],
     outputs = [_named(exp.Coalesce(this=exp.cast(_col(f"p{i}"), "BIGINT"),
                                    expressions=[mapping.integer(-1)]), f"p{i}") for i in used]
     return (exp.select(*outputs, _named(set_expr, "set"), *[a.per_cell() for a in aggregates])
-            .from_(level3.subquery("p")).group_by(sets))
+            .from_(level3.subquery("p", copy=False), copy=False).group_by(sets))
 
 
 def set_id(used: Sequence[int], clique: tuple) -> int:
