@@ -102,8 +102,9 @@ def _identity(columns, sizes) -> MarginalMeasurement:
 #: the most rounds of one re-estimate after a measurement (warm-started), and the fewest a
 #: run must afford within its time limit (else it is refused before the charge)
 INNER_ROUNDS, MIN_INNER_ROUNDS = 100, 10
-#: the last estimate may take this many times the rounds of the others
-FINAL_FACTOR = 5
+#: the last estimate may take this many times the rounds of the others, and stops at this
+#: relative step (tighter than :data:`dpsql.inference.pgm.TOLERANCE`: the answers come from it)
+FINAL_FACTOR, FINAL_TOLERANCE = 5, 1e-7
 
 
 def planned_work(union, epsilon, options, limits, spec: str = "mwem") -> tuple[int, int]:
@@ -195,11 +196,12 @@ class _Run:
             self.measured.append((m, y / b))
         return noisy
 
-    def fit(self, max_rounds: int) -> None:
+    def fit(self, max_rounds: int, tolerance: float = pgm.TOLERANCE) -> None:
         ms = [m for m, _ in self.measured]
         y = np.concatenate([v for _, v in self.measured])
         prior = self.tables
         self.tables, _ = pgm.estimate(self.sizes, ms, y, max_rounds=max_rounds,
+                                      tolerance=tolerance,
                                       regions=self.candidates,
                                       start=lambda regions: {R: prior[R] for R in regions})
 
@@ -258,7 +260,7 @@ def run_mwem_graphical(union, epsilon, oracle, options, inner_rounds: int,
     T = planned_rounds(opts, eps_rounds, total)
     for _ in range(T):
         run.round(eps_rounds / T)
-    run.fit(final_rounds)
+    run.fit(final_rounds, FINAL_TOLERANCE)
     if run.spent != eps:
         raise StrategyError(f"internal error: MWEM spent {run.spent}, not {eps}")
     run.notes.append(f"T = {T} rounds over a graphical model of {len(run.tables)} region "
