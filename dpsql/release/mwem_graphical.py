@@ -71,7 +71,8 @@ def plan(ask: Ask, public: Public, policy, queries, workload, options) -> Graphi
     note = (f"MWEM over a graphical model (MWEM+PGM, McKenna et al. ICML 2019; AIM §4): "
             f"{len(candidates)} candidate marginals, the model their region marginals, "
             f"never the {workload.n_cells:,}-cell product; at most {inner} estimate rounds "
-            f"per measurement. ")
+            f"per measurement. Its error is data-dependent; the bound that follows is plain "
+            f"MWEM's on the full product, not a guarantee of this form. ")
     expl = replace(expl, candidates=tuple(replace(c, note=note + c.note)
                                           for c in expl.candidates))
 

@@ -56,9 +56,11 @@ from fractions import Fraction
 
 import numpy as np
 
-from dpsql.errors import StrategyError
+from dpsql.errors import BatchTooLarge, PrivacyParameterError, StrategyError
 from dpsql.inference import pgm
 from dpsql.mechanisms.mwem import defaults
+from dpsql.noise.accounting import MIN_EPSILON
+from dpsql.workload import limits as planning
 from dpsql.workload.marginals import MarginalMeasurement
 
 
@@ -95,8 +97,9 @@ def planned_rounds(options, eps_rounds: Fraction | None = None, total: float | N
     return defaults.default_rounds(eps_rounds, total, 1)
 
 
-def _identity(columns, sizes) -> MarginalMeasurement:
-    return MarginalMeasurement(columns, tuple(np.eye(sizes[i]) for i in columns), 1.0)
+def _identity(columns, sizes, scale: float = 1.0) -> MarginalMeasurement:
+    """The full marginal on ``columns`` as a measurement, weighted by ``scale`` (1/b)."""
+    return MarginalMeasurement(columns, tuple(np.eye(sizes[i]) for i in columns), scale)
 
 
 #: the most rounds of one re-estimate after a measurement (warm-started), and the fewest a
@@ -114,10 +117,6 @@ def planned_work(union, epsilon, options, limits, spec: str = "mwem") -> tuple[i
     :data:`MIN_INNER_ROUNDS` rounds per estimate within ``limits.time_limit`` (T + 1 + the
     last estimate's :data:`FINAL_FACTOR` estimates of :func:`dpsql.inference.pgm.round_seconds`
     each, T the largest the options allow)."""
-    from dpsql.errors import BatchTooLarge, PrivacyParameterError
-    from dpsql.noise.accounting import MIN_EPSILON
-    from dpsql.workload import limits as planning
-
     check_options(options, spec)
     sizes = tuple(int(n) for n in union.sizes)
     candidates = candidates_of(union)
@@ -189,7 +188,7 @@ class _Run:
         if len(noisy) != len(column_sets) or not (math.isfinite(b) and b > 0):
             raise StrategyError("the oracle's measure returned the wrong number of marginals")
         for C, y in zip(column_sets, noisy):
-            m = MarginalMeasurement(C, tuple(np.eye(self.sizes[i]) for i in C), 1.0 / b)
+            m = _identity(C, self.sizes, 1.0 / b)
             y = np.asarray(y, dtype=float).reshape(-1)
             if y.size != m.size or not np.all(np.isfinite(y)):
                 raise StrategyError("the oracle's measure returned malformed marginals")
