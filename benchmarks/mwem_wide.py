@@ -9,8 +9,9 @@ run in a fresh child process (so its peak memory is its own maximum RSS), runs a
 between the strategies. Printed: RMSE and max |error| of the answers against the exact
 answers (the same batch measured without noise by a non-private sampler: the policy bins
 hours_per_week and education_num, so raw GROUP BYs are not the reference), the answer's process CPU
-seconds (``time.process_time``, imports and database set-up excluded) and the child's
-maximum RSS. The machine is shared: the load average is printed with the table.
+seconds (``time.process_time``, imports and database set-up excluded), the child's
+maximum RSS after that answer (the DuckDB table load dominates it) and the peak Python/NumPy
+allocation of a second, identical answer under tracemalloc (the answer's own memory). The machine is shared: the load average is printed with the table.
 
     PYTHONPATH=. .venv/bin/python benchmarks/mwem_wide.py [--repeats 2]
 """
@@ -26,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tracemalloc
 
 import numpy as np
 
@@ -68,9 +70,14 @@ def one(strategy: str, epsilon: float, delta: float) -> dict:
     t = time.process_time()
     release = db.answer(batch, epsilon=epsilon, delta=delta, strategy=strategy)
     cpu = time.process_time() - t
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    tracemalloc.start()                   # a second answer, traced (slower; not timed)
+    db.answer(batch, epsilon=epsilon, delta=delta, strategy=strategy)
+    traced = tracemalloc.get_traced_memory()[1] / 2 ** 20
+    tracemalloc.stop()
     db.close()
     return {"answers": _counts(release).tolist(), "cpu": cpu, "strategy": release.strategy,
-            "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "rss_mb": rss, "traced_mb": traced}
 
 
 def main(repeats: int) -> None:
@@ -78,7 +85,7 @@ def main(repeats: int) -> None:
     truth = exact()
     print(f"load average at start: {os.getloadavg()}")
     print(f"{'eps':>5}{'delta':>7}{'strategy':>10}{'run':>5}{'answers':>9}{'RMSE':>10}"
-          f"{'max err':>10}{'CPU s':>8}{'max RSS MB':>12}")
+          f"{'max err':>10}{'CPU s':>8}{'max RSS MB':>12}{'traced MB':>11}")
     for eps in (0.1, 1.0):
         for r in range(repeats):
             for strategy, delta in RUNS:
@@ -92,7 +99,7 @@ def main(repeats: int) -> None:
                            max=float(np.abs(errors).max()))
                 print(f"{eps:>5g}{delta:>7g}{row['strategy']:>10}{r:>5}{row['n']:>9,}"
                       f"{row['rmse']:>10.2f}{row['max']:>10.1f}{row['cpu']:>8.2f}"
-                      f"{row['rss_mb']:>12.0f}", flush=True)
+                      f"{row['rss_mb']:>12.0f}{row['traced_mb']:>11.1f}", flush=True)
     print(f"load average at end: {os.getloadavg()}")
 
 
