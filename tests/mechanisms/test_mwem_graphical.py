@@ -245,3 +245,22 @@ def test_the_run_spends_exactly_epsilon_and_fits_exact_measurements(options):
     want = [x.sum(axis=2).ravel(), x.sum(axis=0).ravel(), x.sum(axis=1).ravel()]
     for got, truth in zip(result.answers, want):
         assert np.allclose(got, truth, atol=1e-3 * max(1.0, truth.max()))
+
+
+def test_a_pair_never_measured_is_answered_by_independence():
+    """Independent data, two of the three pairs measured exactly: the third pair's region
+    starts from the product of the model's one-column marginals (the maximum-entropy
+    completion), which is then exact; the local polytope alone would leave it additive."""
+    a, b, c = np.array([0.7, 0.3]), np.array([0.5, 0.3, 0.2]), np.array([0.1, 0.2, 0.3, 0.4])
+    x = 1000.0 * np.multiply.outer(np.multiply.outer(a, b), c)
+    sizes = x.shape
+    union = marginal_workload(("a", "b", "c"), sizes, [(0, 1), (1, 2), (0, 2)])
+    counts = {(0, 1): x.sum(axis=2), (1, 2): x.sum(axis=0), (0, 2): x.sum(axis=1)}
+    oracle = MarginalOracle(counts, sizes, graphical.candidates_of(union), _Recording(),
+                            Fraction(30))
+    result = graphical.run_mwem_graphical(union, Fraction(30), oracle,
+                                          MWEMOptions(rounds=2, total=1000.0), 100, 3000)
+    assert len(set(result.selected)) == 2
+    want = [x.sum(axis=2).ravel(), x.sum(axis=0).ravel(), x.sum(axis=1).ravel()]
+    for got, truth in zip(result.answers, want):
+        assert np.allclose(got, truth, atol=0.05)

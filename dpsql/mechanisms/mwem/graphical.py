@@ -22,7 +22,11 @@ product, re-estimated after each measurement from all measurements so far. Each 
    measurements' own loss ``½ Σ ‖(M_r(μ) − y_r)/b_r‖²`` (the Gaussian likelihood surrogate
    for Laplace noise: MWEM+PGM uses the L1 loss; ``pgm`` is written for the squared one).
    This replaces MWEM's multiplicative-weights update (and its replay): both fit the model
-   to all past measurements; regions never measured hold what consistency gives them.
+   to all past measurements. A region that no measurement ties two of its columns together
+   (an unmeasured pair of an all-pairs batch) then holds the product of the model's
+   one-column marginals, as the maximum-entropy graphical model of Private-PGM would: the
+   local polytope alone leaves it the additive (minimum-norm) completion, clipped at zero,
+   which was 1.6x worse in RMSE at ε = 1 on Adult's pairs (benchmarks/mwem_wide.py).
 
 The answers are each block's rows applied to the model's marginal on its columns.
 
@@ -203,6 +207,20 @@ class _Run:
                                       tolerance=tolerance,
                                       regions=self.candidates,
                                       start=lambda regions: {R: prior[R] for R in regions})
+        read = [set(m.columns) for m in ms]
+        for R in self.tables:           # no measurement ties two of its columns
+            if len(R) > 1 and all(len(set(R) & C) <= 1 for C in read):
+                self.tables[R] = self.independent(R)
+
+    def independent(self, R: tuple) -> np.ndarray:
+        """The product of the model's one-column marginals on R, scaled to its total."""
+        total = float(next(iter(self.tables.values())).sum())
+        T = np.full((), total)
+        for i in R:
+            m = np.maximum(self.marginal((i,)), 0.0)
+            T = np.multiply.outer(T, m / m.sum() if m.sum() > 0 else
+                                  np.full(m.size, 1.0 / m.size))
+        return T
 
     def marginal(self, C: tuple) -> np.ndarray:
         R = pgm.home(tuple(self.tables), C, self.sizes)
