@@ -270,16 +270,19 @@ def _probe(shape: tuple) -> np.ndarray:
 
 
 def estimate(sizes, measurements, y, *, tolerance: float = TOLERANCE,
-             max_rounds: int = MAX_ROUNDS, start=None, check=None) -> tuple[dict, int]:
+             max_rounds: int = MAX_ROUNDS, start=None, check=None,
+             regions=None) -> tuple[dict, int]:
     """(region tables ``R -> μ_R`` ≥ 0, rounds used): the local-polytope estimate (module
     docstring) from linear measurements of the marginals
     (:class:`~dpsql.workload.marginals.MarginalMeasurement` s) and their values ``y``
     (concatenated in order). ``start``: a callable from the regions to their starting tables
     (the least-squares marginals: then a feasible optimum is found at once) or None, which
     (like no ``start``) starts from a conjugate-gradient least-squares solve.
-    ``check``: called every 50 rounds (a cancel token's check)."""
+    ``check``: called every 50 rounds (a cancel token's check). ``regions``: cliques the
+    model must hold besides the measured ones (MWEM's candidates, :mod:`dpsql.mechanisms.mwem.
+    graphical`); a region no measurement reads keeps only what consistency gives it."""
     sizes = tuple(int(n) for n in sizes)
-    regions = regions_of([m.columns for m in measurements])
+    regions = regions_of([m.columns for m in measurements] + list(regions or ()))
     loss = _Loss(regions, sizes, measurements, y)
     beta = loss.lipschitz(regions)
     subspace = Subspace(regions, sizes, beta)

@@ -39,6 +39,7 @@ from dpsql.kernel.data import (SparkLink, _clique_marginals, _data_vector, _data
                                reader)
 from dpsql.kernel.joint import checked_joint, sum_measure
 from dpsql.kernel.metric_oracle import MetricMeasureOracle
+from dpsql.kernel.marginal_oracle import MarginalOracle
 from dpsql.kernel.oracles import MeasureOracle
 from dpsql.kernel.scales import (_cell_graph, _check_metric_charge, _checked_marginal_scale,
                                  _checked_scale, _on_grid, _refuse_if, _row_level_only,
@@ -243,6 +244,29 @@ class Kernel:
         release_id, names = ledger.charge(con, policy, request)   # committed here
         xs = [_data_vector(read, policy, workload) for workload in blocks]
         oracle = MetricMeasureOracle(xs, own, self.sampler, eps)
+        try:
+            result = algorithm(oracle)
+        finally:
+            oracle.close()
+        return release_id, names, result, self.private
+
+    def release_adaptive_marginals(self, con, policy, workload, candidates,
+                                   epsilon: Fraction, request: ledger.Charge, algorithm):
+        """:meth:`release_adaptive` for batches wider than the full product (issue 16): MWEM
+        over a graphical model. The ledger is charged the full ``epsilon`` first; one engine
+        scan then reads the marginals of the maximal ``candidates`` (column index sets of
+        ``workload``'s columns, public), and ``algorithm`` gets a :class:`MarginalOracle`
+        (exponential mechanism over the candidates' full marginals, sensitivity 1; Laplace on
+        ``k`` full marginals, L1 sensitivity ``k``; both derived and checked there, each step
+        refused past ``epsilon``). By basic composition of these pure-DP steps the run is
+        ``epsilon``-DP. Returns ``(release_id, names, result, private)``."""
+        _row_level_only(policy, "data-dependent release (MWEM)")
+        sets = {tuple(int(i) for i in C) for C in candidates}
+        cliques = tuple(C for C in sets if C and not any(set(C) < set(D) for D in sets))
+        read = reader(con, policy, self.spark)
+        release_id, names = ledger.charge(con, policy, request)   # committed here
+        counts = _clique_marginals(read, policy, workload, cliques)
+        oracle = MarginalOracle(counts, workload.shape, candidates, self.sampler, epsilon)
         try:
             result = algorithm(oracle)
         finally:

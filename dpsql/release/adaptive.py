@@ -68,7 +68,9 @@ def counts_per_row(policy, queries, what: str) -> None:
 
 
 def plan_mwem(ask: Ask, public: Public) -> SyntheticPlan:
-    """MWEM (Hardt, Ligett & McSherry): pure ε-DP, the full ε charged up front."""
+    """MWEM (Hardt, Ligett & McSherry): pure ε-DP, the full ε charged up front. A batch
+    whose connected column groups are too wide for the factored form runs over a graphical
+    model instead (:mod:`dpsql.release.mwem_graphical`)."""
     eps, dlt, strategy = ask.epsilon, ask.delta, ask.strategy
     policy, queries = public.parse(ask.sql)
     counts_per_row(policy, queries, "mwem")
@@ -76,7 +78,15 @@ def plan_mwem(ask: Ask, public: Public) -> SyntheticPlan:
         raise PrivacyParameterError(
             "mwem is a pure epsilon-DP mechanism: ask for it with delta = 0")
     options = catalog.mwem_options(strategy, policy)
-    compiled, blocks = catalog.blocks_for(queries, policy)
+    try:
+        compiled, blocks = catalog.blocks_for(queries, policy)
+    except UnsupportedQueryError:       # a connected group over the dense cell limit
+        from dpsql.release import mwem_graphical
+
+        workload = mwem_graphical.implicit_workload(ask, public, policy, queries)
+        if workload is None:
+            raise
+        return mwem_graphical.plan(ask, public, policy, queries, workload, options)
     check_run(blocks, eps, options, strategy)   # spends' ε and run time: before any charge
     expl = catalog.explain_mwem(policy, compiled, eps, options, strategy)
     eps_exact = Fraction(eps)

@@ -188,6 +188,13 @@ class KernelHandle:
         self._got(release_id, tables, private)
         return result
 
+    def release_adaptive_marginals(self, workload, candidates, epsilon, algorithm):
+        self._once()
+        release_id, tables, result, private = self._kernel.release_adaptive_marginals(
+            self._con, self._policy, workload, candidates, epsilon, self._charge, algorithm)
+        self._got(release_id, tables, private)
+        return result
+
     def release_adaptive_metric(self, blocks, graphs, epsilon, algorithm):
         self._once()
         release_id, tables, result, private = self._kernel.release_adaptive_metric(

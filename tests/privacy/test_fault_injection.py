@@ -475,6 +475,7 @@ _ENTRIES = {("Kernel", "release"): "_data_vector", ("Kernel", "release_per_query
             ("Kernel", "release_adaptive"): "_data_vector",
             ("Kernel", "release_adaptive_metric"): "_data_vector",
             ("Kernel", "release_marginals"): "_clique_marginals",
+            ("Kernel", "release_adaptive_marginals"): "_clique_marginals",
             ("Kernel", "release_joint"): "_data_vectors"}
 #: the kernel's data reads (dpsql/kernel/data.py, the one module importing the engines): each
 #: makes its engine call, which a point covers

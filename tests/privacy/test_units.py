@@ -278,7 +278,9 @@ def test_the_kernel_refuses_row_level_mechanisms_on_a_unit_table(visits):
         for call in (lambda: kernel.release_adaptive(con, policy, [], Fraction(1), None, None),
                      lambda: kernel.release_per_query(con, policy, None, np.ones(1), None),
                      lambda: kernel.release_adaptive_metric(con, policy, [], [], Fraction(1),
-                                                            None, None)):
+                                                            None, None),
+                     lambda: kernel.release_adaptive_marginals(con, policy, None, [(0,)],
+                                                               Fraction(1), None, None)):
             with pytest.raises(ScaleRefused, match="declares privacy unit 'person_id'"):
                 call()
     assert snapshot(db) == before
