@@ -131,8 +131,7 @@ class ImplicitPlan(Plan):
     @classmethod
     def of(cls, ask: Ask, public: Public, policy, queries, workload) -> "ImplicitPlan":
         eps = ask.epsilon
-        expl, choice = selection.select(policy, workload, eps, ask.delta, ask.calibration,
-                                        reuse=ask.reuse)
+        expl, choice = selection.select(policy, workload, eps, ask.delta, ask.calibration)
         params = _request_params(eps, ask.delta, ask.strategy, ask.calibration, "dp") \
             | ask.flags
         scale, mplan = expl.sigma, choice.plan

@@ -13,6 +13,7 @@ from importlib import resources
 
 import duckdb
 import numpy as np
+import pytest
 
 import dpsql
 from dpsql.mechanisms.reuse import records
@@ -99,3 +100,131 @@ def test_a_dense_batch_is_answered_free_and_exactly_from_an_implicit_release():
         for value, want in _exact(db, s, table):
             assert abs(value - want) < 1e-6
     db.close()
+
+
+NEW_PAIRS = [f"SELECT {a}, {b}, COUNT(*) FROM adult GROUP BY {a}, {b}"
+             for a, b in [("sex", "occupation"), ("race", "occupation")]]
+
+
+def test_oracle_a_repeated_and_a_partly_new_implicit_batch_equal_duckdb():
+    """Exact measurements: the repeated batch (all free) and the partly new one (old rows
+    from the past release, new rows measured) equal DuckDB's counts; the repeated one is
+    charged nothing, the partly new one once, at the requested ε, for its new blocks only."""
+    db = _database(_NoNoise())
+    first = db.answer(PAIRS, epsilon=1, delta=1e-6)
+    spent = db.budget("adult")["epsilon_spent"]
+    again = db.answer(PAIRS, epsilon=1, delta=1e-6)
+    assert again.strategy == "reuse" and db.budget("adult")["epsilon_spent"] == spent
+    entry = db.ledger()[-1]
+    assert entry["epsilon"] == 0 and entry["reused_from"] == str(first.release_id)
+    batch = PAIRS + NEW_PAIRS
+    e = db.explain(batch, epsilon=1, delta=1e-6)
+    n_old = e.statements[len(PAIRS)][1]
+    assert e.free == tuple(range(n_old)) and e.epsilon == 1
+    assert "smaller standard error" in str(e)
+    mixed = db.answer(batch, epsilon=1, delta=1e-6)
+    entries = db.ledger()
+    assert len(entries) == 3 and entries[-1]["epsilon"] == 1
+    assert entries[-1]["reused_from"] == str(first.release_id)
+    assert db.budget("adult")["epsilon_spent"] == spent + 1
+    for release, sqls in ((again, PAIRS), (mixed, batch)):
+        for s, table in zip(sqls, release.tables):
+            for value, want in _exact(db, s, table):
+                assert abs(value - want) < 1e-6, (s, value, want)
+    db.close()
+
+
+def _compiled(policy, sql):
+    from dpsql.sql.compile import compile_workload
+    from dpsql.sql.parse import parse_batch
+
+    return compile_workload(parse_batch(sql, lambda name, node: policy), policy)
+
+
+SMALL = ["SELECT sex, race, COUNT(*) FROM adult GROUP BY sex, race",
+         "SELECT race, income, COUNT(*) FROM adult GROUP BY race, income",
+         "SELECT income, COUNT(*) FROM adult WHERE sex = 'Male' GROUP BY income",
+         "SELECT COUNT(*) FROM adult WHERE race IN ('White', 'Black')"]
+
+
+def test_reused_standard_errors_are_the_gls_variance_of_a_dense_computation():
+    """On a small domain: each row's past variance is textbook GLS (``w F⁺ wᵀ`` over the
+    refined cells, dense pseudo-inverse) from the stored measurements over subsets of its
+    region's columns; a measurement over columns outside every region is not used."""
+    import scipy.sparse as sp
+
+    from dpsql.mechanisms.reuse import blocks
+    from dpsql.mechanisms.reuse.pool import Refinement
+    from dpsql.mechanisms.reuse.records import Record
+    from dpsql.sql.compile import compile_parts, dense_workload
+    from dpsql.sql.implicit import implicit_workload
+    from dpsql.sql.parse import parse_batch
+
+    policy = _policy()
+    queries = parse_batch(SMALL, lambda name, node: policy)
+    parts = compile_parts(queries, policy)
+    dense = dense_workload(queries, policy, parts)
+    workload = implicit_workload(queries, policy, parts)
+    rng = np.random.default_rng(5)
+    recs = []
+    for k, (sql, noise, scale) in enumerate([
+            ("SELECT sex, race, COUNT(*) FROM adult GROUP BY sex, race", "gaussian", 2.0),
+            ("SELECT income, COUNT(*) FROM adult GROUP BY income", "laplace", 1.5),
+            ("SELECT race, COUNT(*) FROM adult WHERE income = '>50K' GROUP BY race",
+             "gaussian", 3.0),
+            ("SELECT sex, income, COUNT(*) FROM adult GROUP BY sex, income", "gaussian", 1.0),
+            ("SELECT sex, race, income, COUNT(*) FROM adult GROUP BY sex, race, income",
+             "gaussian", 0.5)]):
+        w = _compiled(policy, [sql])
+        A = sp.csr_matrix(rng.integers(0, 3, size=(w.n_cells + 1, w.n_cells)).astype(float))
+        recs.append(Record(k + 1, tuple((p.column, p.unit_to_part) for p in w.partitions),
+                           A, np.zeros(A.shape[0]), noise, scale))
+    past, why = blocks.analyse(policy, workload, recs)
+    assert why == "" and 5 not in past.release_ids
+    names = [p.column for p in workload.partitions]
+    base = tuple((p.column, p.unit_to_part) for p in workload.partitions)
+    checked = 0
+    for region in blocks.regions(workload):
+        cols = {names[i] for i in region.columns}
+        mine = [r for r in recs if {c for c, _ in r.partitions} <= cols]
+        ref = Refinement(policy, [base] + [r.partitions for r in recs])
+        F = sum((r.A @ ref.aggregation(r.partitions)).toarray().T
+                @ (r.A @ ref.aggregation(r.partitions)).toarray() / r.variance for r in mine)
+        Fp = np.linalg.pinv(F, rcond=1e-10)
+        W = (dense.W @ ref.aggregation(base)).toarray()
+        for r in workload.rows:
+            if r.block not in region.blocks:
+                continue
+            for row in r.target:
+                w = W[row]
+                ok = np.abs(w - w @ Fp @ F).max() < 1e-6
+                assert past.estimable[row] == ok
+                if ok:
+                    assert past.variance[row] == pytest.approx(w @ Fp @ w, rel=1e-7)
+                    checked += 1
+    assert checked >= 4 and not past.estimable.all()
+
+
+def test_a_too_costly_analysis_is_skipped_and_changes_nothing(monkeypatch):
+    """Over its share of max_memory the analysis is not run: explain says so, nothing is
+    free, and the release equals one asked with reuse off (same seeded noise)."""
+    from dpsql.mechanisms.reuse import blocks
+    from dpsql.noise.samplers import SeededTestSampler
+
+    got = {}
+    for reuse in (True, False):
+        db = _database(SeededTestSampler(11))
+        db.answer(PAIRS, epsilon=1, delta=1e-6)
+        if reuse:
+            monkeypatch.setattr(blocks, "MAX_SHARE", 1e-9)
+        e = db.explain(PAIRS + NEW_PAIRS, epsilon=1, delta=1e-6, reuse=reuse)
+        r = db.answer(PAIRS + NEW_PAIRS, epsilon=1, delta=1e-6, reuse=reuse)
+        got[reuse] = (e, [row for t in r.results for row in t.rows], db.ledger()[-1])
+        monkeypatch.undo()
+        db.close()
+    (e1, rows1, l1), (e0, rows0, l0) = got[True], got[False]
+    assert "skipped" in str(e1) and "planned afresh" in str(e1) and "skipped" not in \
+        "".join(c.note for c in e0.candidates if c.strategy == "reuse")
+    assert e1.free == () and e1.reused_from == () and e1.strategy == e0.strategy
+    np.testing.assert_array_equal(e1.stderr, e0.stderr)
+    assert rows1 == rows0 and l1["epsilon"] == l0["epsilon"] and l1["reused_from"] is None
