@@ -18,10 +18,12 @@ Privacy: past measurements are the output of releases already charged; answering
 is post-processing (Dwork & Roth 2014, Prop. 2.1). The new measurement goes through the
 kernel like any other. Which rows are free depends on stored releases and public sizes only.
 
-Old and new measurements are not combined in one GLS here (the dense path does): in a
-measured block each row takes whichever of the past releases' GLS answer and the new
-measurement's answer has the smaller standard error (a public choice; each is unbiased with
-its reported error).
+Old and new combine per region (:meth:`dpsql.mechanisms.reuse.blocks.Past.combine`): the
+new measurement's pieces over subsets of a region's columns join that region's GLS pool, so
+its rows are answered by one GLS over old and new measurements of its marginal, where the
+pool's limits allow; a row takes that answer when its variance is smaller than the new
+measurement's own, else the new answer (a public choice; each is unbiased with its
+reported error).
 """
 
 from __future__ import annotations
@@ -41,9 +43,9 @@ from dpsql.release.support import _request_params
 from dpsql.store.results import Candidate, Explanation
 
 #: what explain says of old and new answers in a partly free batch compiled to blocks
-RULE = ("each answer comes from whichever of the past releases and the new measurement "
-        "gives it the smaller standard error (batches compiled to blocks do not yet combine "
-        "old and new measurements in one least-squares estimate)")
+RULE = ("an answer whose clique holds past measurements combines them with the new ones by "
+        "generalised least squares over that clique's marginal, where that is affordable and "
+        "more accurate (else the new measurement answers it)")
 
 
 def plan(ask: Ask, public: Public, policy, queries, workload) -> Plan:
@@ -65,12 +67,16 @@ def plan(ask: Ask, public: Public, policy, queries, workload) -> Plan:
     if free.all():
         return FreeImplicitPlan.of(ask, policy, queries, workload, past)
     kept = _measured_blocks(workload, free)
-    if len(kept) == len(workload.union.blocks):
-        return _noted(base, f"no answer free: past releases {_ids(past)} answer some rows, "
-                            "but less accurately than this request")
-    sub, fed = _sub_workload(workload, kept)
-    return ReusedImplicitPlan.of_reused(ask, public, policy, queries, workload, sub, fed,
-                                        past)
+    if len(kept) == len(workload.union.blocks):      # nothing free: all measured, as base
+        sub, fed, new = workload, np.arange(workload.n_queries), base
+    else:
+        sub, fed = _sub_workload(workload, kept)
+        new = ImplicitPlan.of(ask, public, policy, queries, sub)
+    reused = ReusedImplicitPlan.of_reused(policy, queries, workload, sub, fed, new, past)
+    if not reused.use_old.any():
+        return _noted(base, f"no answer free or improved: past releases {_ids(past)} "
+                            "inform some rows, but less accurately than this request")
+    return reused
 
 
 def _ids(past) -> str:
@@ -109,6 +115,13 @@ def _sub_workload(workload, kept: list[int]):
                    n_queries=int(fed.size)), fed
 
 
+def fed_mask(fed: np.ndarray, n: int) -> np.ndarray:
+    """The rows ``fed`` as a mask over the batch's ``n`` rows."""
+    out = np.zeros(n, bool)
+    out[fed] = True
+    return out
+
+
 def _spread(values: np.ndarray, fed: np.ndarray, n: int, fill: float) -> np.ndarray:
     """The sub-batch's per-row ``values`` at the batch's rows ``fed``, ``fill`` elsewhere."""
     out = np.full(n, fill)
@@ -126,18 +139,21 @@ class ReusedImplicitPlan(ImplicitPlan):
     fed: np.ndarray | None = None
     past: object = None
     use_old: np.ndarray | None = None
+    terms: list | None = None        # the new pieces in the regions' pools (Past.combine)
 
     @classmethod
-    def of_reused(cls, ask, public, policy, queries, whole, sub, fed, past):
-        new = ImplicitPlan.of(ask, public, policy, queries, sub)
+    def of_reused(cls, policy, queries, whole, sub, fed, new: ImplicitPlan, past):
+        """``new``: the plan of the blocks measured (``sub``, the batch's rows ``fed``)."""
         n = whole.n_queries
+        terms = past.combine(sub, new.choice.plan, new.choice.mechanism,
+                             new.explanation.sigma)
         se_new = _spread(new.explanation.stderr, fed, n, math.inf)
         use_old = past.estimable & (np.sqrt(past.variance) < se_new)
         stderr = np.where(use_old, np.sqrt(past.variance), se_new)
         rmse = float(np.sqrt(np.mean(stderr ** 2))) if stderr.size else 0.0
         ids = past.release_ids
         expl = replace(new.explanation, stderr=stderr, rmse=rmse,
-                       free=tuple(int(k) for k in np.flatnonzero(use_old)),
+                       free=tuple(int(k) for k in np.flatnonzero(~fed_mask(fed, n))),
                        reused_from=ids, reuse_rule=RULE, n_queries=n,
                        statements=tuple((o.query.index, o.start, o.stop)
                                         for o in whole.outputs))
@@ -146,10 +162,12 @@ class ReusedImplicitPlan(ImplicitPlan):
                            reused_from=",".join(str(r) for r in ids)),
                    replace(new.shown, expected_rmse=rmse), workload=sub, choice=new.choice,
                    post=new.post, rounds=new.rounds, whole=whole, fed=fed, past=past,
-                   use_old=use_old)
+                   use_old=use_old, terms=terms)
 
     def infer(self, m) -> Answers:
         n = self.whole.n_queries
+        self.past.fill(self.terms, self.workload, self.choice.plan, m.y,
+                       self.choice.mechanism, self.explanation.sigma)
         new = _spread(self.choice.answers(m.y), self.fed, n, math.nan)
         answers = np.where(self.use_old, self.past.answers(), new)
         halfwidth = np.where(self.use_old, self.past.halfwidths(), _spread(

@@ -121,7 +121,7 @@ def test_oracle_a_repeated_and_a_partly_new_implicit_batch_equal_duckdb():
     e = db.explain(batch, epsilon=1, delta=1e-6)
     n_old = e.statements[len(PAIRS)][1]
     assert e.free == tuple(range(n_old)) and e.epsilon == 1
-    assert "smaller standard error" in str(e)
+    assert "generalised least squares over that clique" in str(e)
     mixed = db.answer(batch, epsilon=1, delta=1e-6)
     entries = db.ledger()
     assert len(entries) == 3 and entries[-1]["epsilon"] == 1
@@ -228,3 +228,36 @@ def test_a_too_costly_analysis_is_skipped_and_changes_nothing(monkeypatch):
     assert e1.free == () and e1.reused_from == () and e1.strategy == e0.strategy
     np.testing.assert_array_equal(e1.stderr, e0.stderr)
     assert rows1 == rows0 and l1["epsilon"] == l0["epsilon"] and l1["reused_from"] is None
+
+
+def test_old_and_new_combine_by_gls_over_each_clique():
+    """Nothing free (the new request is more accurate): every block is measured, and a
+    clique's answers combine both releases' pieces over its columns. Their released
+    standard errors are textbook GLS (dense pseudo-inverse over the marginal) of those
+    pieces, below the new measurement's own; the charge is the requested ε, once."""
+    from dpsql.mechanisms.reuse.pool import Refinement
+    from dpsql.noise.samplers import SeededTestSampler
+
+    db = _database(SeededTestSampler(4))
+    first = db.answer(PAIRS, epsilon=1, delta=1e-6)
+    alone = db.explain(PAIRS, epsilon=2, delta=1e-6, reuse=False)
+    second = db.answer(PAIRS, epsilon=2, delta=1e-6)
+    assert db.ledger()[-1]["epsilon"] == 2
+    assert db.ledger()[-1]["reused_from"] == str(first.release_id)
+    policy = _policy()
+    with db.db.connect() as con:
+        pieces = records.load(con, policy, private=False)
+    assert {r.release_id for r in pieces} == {first.release_id, second.release_id}
+    w = _compiled(policy, [PAIRS[0]])          # sex, race: a clique of the batch
+    base = tuple((p.column, p.unit_to_part) for p in w.partitions)
+    mine = [r for r in pieces if {c for c, _ in r.partitions} <= {"sex", "race"}]
+    ref = Refinement(policy, [base] + [r.partitions for r in mine])
+    mats = [(r.A @ ref.aggregation(r.partitions)).toarray() for r in mine]
+    F = sum(M.T @ M / r.variance for M, r in zip(mats, mine))
+    W = (w.W @ ref.aggregation(base)).toarray()
+    want = np.sqrt(np.einsum("ij,jk,ik->i", W, np.linalg.pinv(F, rcond=1e-10), W))
+    got = np.array([row[-3] for row in second.results[0].rows], dtype=float)
+    np.testing.assert_allclose(got, want, rtol=1e-7)
+    own = alone.stderr[alone.statements[0][1]:alone.statements[0][2]]
+    assert np.all(got < own * 0.95)
+    db.close()

@@ -35,7 +35,9 @@ import numpy as np
 import scipy.sparse as sp
 
 from dpsql.inference.union_kron import home
-from dpsql.mechanisms.reuse.pool import MAX_SHARE, Pool, decomposition_seconds
+from dpsql.mechanisms.reuse.pool import (MAX_MEASUREMENTS, MAX_SHARE, Pool,
+                                         decomposition_seconds)
+from dpsql.mechanisms.reuse.records import marginal_records
 from dpsql.workload import limits as planning
 
 
@@ -84,6 +86,47 @@ class Past:
     variance: np.ndarray
     release_ids: tuple
     pools: list                # (Region, Pool, its Analysis of the region's rows)
+
+    room: float = 0.0          # the memory and time the analysis may still take
+    seconds: float = 0.0
+
+    def combine(self, sub, plan, mechanism: str, scale: float) -> list:
+        """Adds the new measurement's pieces (planned: ``y`` not known yet; the variances do
+        not depend on it) to the pool of every region that holds their columns, where the
+        limits allow (:data:`~dpsql.mechanisms.reuse.pool.MAX_MEASUREMENTS`, the memory and
+        time left), and re-analyses those regions: their rows' variances are then those of
+        one GLS over old and new. Returns ``[(pool, term)]`` per piece (None where not
+        added), for :meth:`fill`."""
+        pieces = marginal_records(0, sub, plan, np.zeros(plan.n_measurements), mechanism,
+                                  scale)
+        names = [p.column for p in self.workload.partitions]
+        terms: list = [None] * len(pieces)
+        for j, (region, pool, _) in enumerate(self.pools):
+            cols = {names[i] for i in region.columns}
+            mine = [k for k, r in enumerate(pieces)
+                    if {c for c, _ in r.partitions} <= cols]
+            sizes = [r.A.shape[0] for r in pool.records] + \
+                [pieces[k].A.shape[0] for k in mine]
+            entries = [r.A.nnz for r in pool.records] + [pieces[k].A.nnz for k in mine]
+            need, secs = 24.0 * sum(sizes) ** 2, decomposition_seconds(sizes, entries)
+            if not mine or sum(sizes) > MAX_MEASUREMENTS or need > self.room \
+                    or secs > self.seconds:
+                continue
+            self.room, self.seconds = self.room - need, self.seconds - secs
+            for k in mine:
+                terms[k] = (pool, pool.add(pieces[k], own=True))
+            self.pools[j] = (region, pool, pool.analyse(region.W))
+        self.estimable = self._per_row(lambda r, p, a: a.estimable, 0.0) > 0
+        self.variance = self._per_row(lambda r, p, a: a.variance, math.inf)
+        return terms
+
+    @staticmethod
+    def fill(terms: list, sub, plan, y, mechanism: str, scale: float) -> None:
+        """The measured values of the pieces :meth:`combine` added."""
+        pieces = marginal_records(0, sub, plan, y, mechanism, scale)
+        for term, rec in zip(terms, pieces):
+            if term is not None:
+                term[0].set_y(term[1], rec.y)
 
     def _per_row(self, value, fill: float) -> np.ndarray:
         """The batch's rows of ``value(region, pool, analysis)`` (per region row), ``fill``
@@ -136,7 +179,7 @@ def analyse(policy, workload, records) -> tuple[Past | None, str]:
         return None, ""
     past = Past(workload, np.zeros(workload.n_queries, bool), np.full(workload.n_queries,
                 math.inf), tuple(sorted({i for _, p, _ in pools for i in p.release_ids})),
-                pools)
+                pools, room, seconds)
     past.estimable = past._per_row(lambda r, p, a: a.estimable, 0.0) > 0
     past.variance = past._per_row(lambda r, p, a: a.variance, math.inf)
     return past, ""

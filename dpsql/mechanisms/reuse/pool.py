@@ -168,9 +168,12 @@ class Pool:
         m = sum(rec.A.shape[0] for rec, _ in self._terms) + record.A.shape[0]
         return m <= MAX_MEASUREMENTS
 
-    def add(self, record: Record) -> int:
-        """A measurement over the batch's own cells (the new part, planned); its term index."""
-        self._terms.append((record, self.P_new))
+    def add(self, record: Record, own: bool = False) -> int:
+        """A measurement over the batch's own cells (the new part, planned), or, ``own``,
+        over its record's partitions (a piece over some of the batch's columns, which the
+        refinement already refines); its term index."""
+        P = self.refinement.aggregation(record.partitions) if own else self.P_new
+        self._terms.append((record, P))
         self._gram = None
         return len(self._terms) - 1
 
