@@ -261,3 +261,27 @@ def test_old_and_new_combine_by_gls_over_each_clique():
     own = alone.stderr[alone.statements[0][1]:alone.statements[0][2]]
     assert np.all(got < own * 0.95)
     db.close()
+
+
+def test_stored_measurements_are_read_newest_first_within_their_memory_share(monkeypatch):
+    """Only what fits :data:`records.MAX_LOADED_SHARE` of max_memory is read (sizes first,
+    newest releases first); what is left out only loses free answers."""
+    from dpsql.noise.samplers import SeededTestSampler
+
+    db = _database(SeededTestSampler(2))
+    first = db.answer(PAIRS, epsilon=1, delta=1e-6)
+    second = db.answer(["SELECT sex, COUNT(*) FROM adult GROUP BY sex"], epsilon=1,
+                       delta=1e-6)
+    with db.db.connect() as con:
+        sizes = dict(con.execute("SELECT release_id, octet_length(strategy) + "
+                                 "octet_length(y) FROM dpsql.measurements").fetchall())
+    from dpsql.workload import limits as planning
+
+    share = (sizes[second.release_id] + 1) / planning.current().max_memory
+    monkeypatch.setattr(records, "MAX_LOADED_SHARE", share)
+    with db.db.connect() as con:
+        got = records.load(con, _policy(), private=False)
+    assert {r.release_id for r in got} == {second.release_id}
+    e = db.explain(PAIRS, epsilon=1, delta=1e-6)
+    assert first.release_id not in e.reused_from and e.mechanism != "reuse"
+    db.close()

@@ -154,29 +154,44 @@ def store(con, policy, record, private: bool) -> None:
                      y.astype("<f8").tobytes(), pieces])
 
 
+#: the stored measurements read for one request may take at most this fraction of the
+#: planning memory limit (newest releases first; older ones beyond it are not read, which can
+#: only lose free answers)
+MAX_LOADED_SHARE = 1 / 16
+
+
 def load(con, policy, private: bool, releases: frozenset | None = None) -> list[Record]:
     """The released measurements of ``policy``'s table over the same declared domains, from
     releases of the same kind (private sampler or test sampler), oldest first (a release
     kept as pieces gives one record per piece); only those of ``releases`` when given (the
-    server: the releases one analyst paid for). A row that does not decode consistently is
-    skipped (it can only lose a free answer, never make one up)."""
+    server: the releases one analyst paid for). The newest are read first, within
+    :data:`MAX_LOADED_SHARE` of ``max_memory`` (their stored sizes, read before the rows). A
+    row that does not decode consistently is skipped (it can only lose a free answer, never
+    make one up)."""
+    from dpsql.workload import limits as planning
+
+    where = ("FROM dpsql.measurements m JOIN dpsql.ledger l USING (release_id) "
+             "WHERE m.table_name = ? AND m.domain_fingerprint = ? AND m.private = ? "
+             "AND l.status = 'released'")
     with engine_errors("reading stored measurements"):
         exists = con.execute(
             "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'dpsql' "
             "AND table_name = 'measurements'").fetchone()[0]
         if not exists:
             return []
-        rows = con.execute(
-            "SELECT m.release_id, m.partitions, m.noise, m.scale, m.strategy, m.y, m.pieces "
-            "FROM dpsql.measurements m JOIN dpsql.ledger l USING (release_id) "
-            "WHERE m.table_name = ? AND m.domain_fingerprint = ? AND m.private = ? "
-            "AND l.status = 'released' ORDER BY m.release_id",
-            [policy.table, domain_fingerprint(policy, _epoch(con, policy)),
-             bool(private)]).fetchall()
+        key = [policy.table, domain_fingerprint(policy, _epoch(con, policy)), bool(private)]
+        sizes = con.execute("SELECT m.release_id, octet_length(m.strategy) + octet_length(m.y) "
+                            f"{where} ORDER BY m.release_id DESC", key).fetchall()
+        room, chosen = planning.current().max_memory * MAX_LOADED_SHARE, []
+        for rid, size in sizes:
+            if (releases is None or int(rid) in releases) and size <= room:
+                chosen.append(rid)
+                room -= size
+        rows = [con.execute("SELECT m.release_id, m.partitions, m.noise, m.scale, "
+                            f"m.strategy, m.y, m.pieces {where} AND m.release_id = ?",
+                            key + [rid]).fetchone() for rid in sorted(chosen)]
     out = []
     for rid, parts, noise, scale, blob, yb, pieces in rows:
-        if releases is not None and int(rid) not in releases:
-            continue
         try:
             out.extend(_decoded(policy, int(rid), parts, noise, scale, blob, yb, pieces))
         except Exception:   # noqa: BLE001 — a damaged row is ignored, never trusted
