@@ -285,3 +285,34 @@ def test_stored_measurements_are_read_newest_first_within_their_memory_share(mon
     e = db.explain(PAIRS, epsilon=1, delta=1e-6)
     assert first.release_id not in e.reused_from and e.mechanism != "reuse"
     db.close()
+
+
+def test_the_pool_falls_back_to_divide_and_conquer_when_syevr_fails(monkeypatch):
+    """LAPACK's syevr has failed ("Internal Error") on a pool's Gram under the one-thread
+    planning BLAS (benchmarks/highdim_sql.py --split 1); the pool then uses syevd and gets
+    the same variances."""
+    import scipy.linalg as la
+    import scipy.sparse as sp
+
+    from dpsql.mechanisms.reuse import pool
+
+    policy = _policy()
+    w = _compiled(policy, ["SELECT sex, race, COUNT(*) FROM adult GROUP BY sex, race"])
+
+    rec = records.Record(1, tuple((p.column, p.unit_to_part) for p in w.partitions),
+                         sp.identity(w.n_cells, format="csr"), np.zeros(w.n_cells),
+                         "gaussian", 2.0)
+    want = pool.Pool(policy, w, [rec]).analyse(w.W).variance
+    calls = []
+
+    def flaky(G, **kw):
+        calls.append(kw.get("driver"))
+        if "driver" not in kw:
+            raise la.LinAlgError("Internal Error.")
+        return original(G, **kw)
+
+    original = la.eigh
+    monkeypatch.setattr(pool.la, "eigh", flaky)
+    got = pool.Pool(policy, w, [rec]).analyse(w.W).variance
+    assert calls == [None, "evd"]
+    np.testing.assert_allclose(got, want, rtol=1e-10)

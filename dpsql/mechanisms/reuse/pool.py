@@ -241,7 +241,13 @@ class Pool:
                 block = np.asarray(block)
                 G[starts[i]:starts[i + 1], starts[j]:starts[j + 1]] = block
                 G[starts[j]:starts[j + 1], starts[i]:starts[i + 1]] = block.T
-        lam, V = la.eigh(G, check_finite=False)
+        try:
+            lam, V = la.eigh(G, check_finite=False)
+        except la.LinAlgError:
+            # LAPACK's syevr (scipy's default driver) has been seen to fail ("Internal
+            # Error") on a G with many eigenvalues at rounding level, under the one-thread
+            # planning BLAS, where divide and conquer (syevd) succeeds on the same matrix
+            lam, V = la.eigh(G, check_finite=False, driver="evd")
         tol = max(float(lam.max(initial=0.0)), 0.0) * G.shape[0] * 1e-12
         keep = lam > tol
         return (V[:, keep] / lam[keep]) @ V[:, keep].T
