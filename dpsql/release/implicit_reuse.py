@@ -72,7 +72,8 @@ def plan(ask: Ask, public: Public, policy, queries, workload) -> Plan:
     else:
         sub, fed = _sub_workload(workload, kept)
         new = ImplicitPlan.of(ask, public, policy, queries, sub)
-    reused = ReusedImplicitPlan.of_reused(policy, queries, workload, sub, fed, new, past)
+    reused = ReusedImplicitPlan.of_reused(policy, queries, workload, sub, fed, kept, new,
+                                          past)
     if not reused.use_old.any():
         return _noted(base, f"no answer free or improved: past releases {_ids(past)} "
                             "inform some rows, but less accurately than this request")
@@ -142,10 +143,10 @@ class ReusedImplicitPlan(ImplicitPlan):
     terms: list | None = None        # the new pieces in the regions' pools (Past.combine)
 
     @classmethod
-    def of_reused(cls, policy, queries, whole, sub, fed, new: ImplicitPlan, past):
-        """``new``: the plan of the blocks measured (``sub``, the batch's rows ``fed``)."""
+    def of_reused(cls, policy, queries, whole, sub, fed, kept, new: ImplicitPlan, past):
+        """``new``: the plan of the blocks ``kept`` (``sub``, the batch's rows ``fed``)."""
         n = whole.n_queries
-        terms = past.combine(sub, new.choice.plan, new.choice.mechanism,
+        terms = past.combine(sub, kept, new.choice.plan, new.choice.mechanism,
                              new.explanation.sigma)
         se_new = _spread(new.explanation.stderr, fed, n, math.inf)
         use_old = past.estimable & (np.sqrt(past.variance) < se_new)

@@ -90,10 +90,11 @@ class Past:
     room: float = 0.0          # the memory and time the analysis may still take
     seconds: float = 0.0
 
-    def combine(self, sub, plan, mechanism: str, scale: float) -> list:
+    def combine(self, sub, measured, plan, mechanism: str, scale: float) -> list:
         """Adds the new measurement's pieces (planned: ``y`` not known yet; the variances do
-        not depend on it) to the pool of every region that holds their columns, where the
-        limits allow (:data:`~dpsql.mechanisms.reuse.pool.MAX_MEASUREMENTS`, the memory and
+        not depend on it) to the pool of every region with a block ``measured`` (indices
+        into the batch's blocks; regions whose blocks are all free stay answered from the
+        past alone) for the pieces over subsets of its columns, where the limits allow (:data:`~dpsql.mechanisms.reuse.pool.MAX_MEASUREMENTS`, the memory and
         time left), and re-analyses those regions: their rows' variances are then those of
         one GLS over old and new. Returns ``[(pool, term)]`` per piece (None where not
         added), for :meth:`fill`."""
@@ -101,7 +102,10 @@ class Past:
                                   scale)
         names = [p.column for p in self.workload.partitions]
         terms: list = [None] * len(pieces)
+        measured = set(measured)
         for j, (region, pool, _) in enumerate(self.pools):
+            if not measured & set(region.blocks):
+                continue
             cols = {names[i] for i in region.columns}
             mine = [k for k, r in enumerate(pieces)
                     if {c for c, _ in r.partitions} <= cols]
