@@ -20,8 +20,9 @@ columns.
 Bounded before anything large is built: the pools' predicted memory
 (:func:`~dpsql.mechanisms.reuse.pool.predicted_bytes`, plus the regions' rows) may take at
 most :data:`~dpsql.mechanisms.reuse.pool.MAX_SHARE` of ``max_memory`` in all, and their
-decompositions' predicted time (:func:`~dpsql.mechanisms.reuse.pool.decomposition_seconds`)
-at most that share of ``time_limit``. Over either the whole analysis is skipped: the batch is
+predicted time (:func:`analysis_seconds`: the decompositions and the rows' weights) at most
+that share of ``time_limit``; every pool is set up and priced before any is analysed. Over
+either the whole analysis is skipped: the batch is
 then planned exactly as without past releases (only the free answers are lost), and the
 reason is returned for explain.
 """
@@ -111,8 +112,8 @@ class Past:
                     if {c for c, _ in r.partitions} <= cols]
             sizes = [r.A.shape[0] for r in pool.records] + \
                 [pieces[k].A.shape[0] for k in mine]
-            entries = [r.A.nnz for r in pool.records] + [pieces[k].A.nnz for k in mine]
-            need, secs = 24.0 * sum(sizes) ** 2, decomposition_seconds(sizes, entries)
+            need = 24.0 * sum(sizes) ** 2
+            secs = analysis_seconds(pool.records + [pieces[k] for k in mine], region.W)
             if not mine or sum(sizes) > MAX_MEASUREMENTS or need > self.room \
                     or secs > self.seconds:
                 continue
@@ -157,11 +158,13 @@ class Past:
 
 def analyse(policy, workload, records) -> tuple[Past | None, str]:
     """``(past, '')``; ``(None, why)`` when the analysis is skipped for its cost; ``(None,
-    '')`` when no stored measurement informs the batch."""
+    '')`` when no stored measurement informs the batch. Every region's pool is set up (its
+    refinement and aggregations, each within the memory left) and its time predicted
+    before any is analysed, so a skip costs little."""
     names = [p.column for p in workload.partitions]
     limit = planning.current()
     room, seconds = limit.max_memory * MAX_SHARE, limit.time_limit * MAX_SHARE
-    pools = []
+    found = []
     for region in regions(workload):
         cols = {names[i] for i in region.columns}
         mine = [r for r in records if {c for c, _ in r.partitions} <= cols]
@@ -171,22 +174,31 @@ def analyse(policy, workload, records) -> tuple[Past | None, str]:
         pool = Pool(policy, region, mine, room=max(room, 0.0), spare=0)
         if pool.too_costly or room < 0:
             return None, _skipped("memory", limit)
-        if not pool.records:
-            continue
-        room -= pool.need
-        sizes = [r.A.shape[0] for r in pool.records]
-        seconds -= decomposition_seconds(sizes, [r.A.nnz for r in pool.records])
-        if seconds < 0:
-            return None, _skipped("time", limit)
-        pools.append((region, pool, pool.analyse(region.W)))
-    if not pools:
+        if pool.records:
+            room -= pool.need
+            seconds -= analysis_seconds(pool.records, region.W)
+            found.append((region, pool))
+    if seconds < 0:
+        return None, _skipped("time", limit)
+    if not found:
         return None, ""
+    pools = [(region, pool, pool.analyse(region.W)) for region, pool in found]
     past = Past(workload, np.zeros(workload.n_queries, bool), np.full(workload.n_queries,
                 math.inf), tuple(sorted({i for _, p, _ in pools for i in p.release_ids})),
                 pools, room, seconds)
     past.estimable = past._per_row(lambda r, p, a: a.estimable, 0.0) > 0
     past.variance = past._per_row(lambda r, p, a: a.variance, math.inf)
     return past, ""
+
+
+def analysis_seconds(recs, W) -> float:
+    """Predicted seconds of a region's analysis: the decomposition
+    (:func:`~dpsql.mechanisms.reuse.pool.decomposition_seconds`) plus the rows' weights
+    (``W M̃ᵀ``: ``2·nnz(W)·m``; times ``G⁺``: ``2·q·m²``) at the dense rate."""
+    sizes = [r.A.shape[0] for r in recs]
+    m = float(sum(sizes))
+    weights = (2.0 * W.nnz * m + 2.0 * W.shape[0] * m * m) / planning.FLOPS
+    return decomposition_seconds(sizes, [r.A.nnz for r in recs]) + weights
 
 
 def _skipped(what: str, limit) -> str:
