@@ -95,8 +95,8 @@ ROUTES = {
     "dx_smalldb": (dict(sql=SEX, epsilon=1, delta=0, model="metric",
                         strategy="dx_smalldb(size=4)"), False),
     "batch3": (dict(sql=THREE, epsilon=0.25, delta=1e-6, strategy="workload"), True),
-    "implicit_residual": (dict(sql=PAIRS, epsilon=0.5, delta=1e-6), False),
-    "implicit_marginals": (dict(sql=SPLIT, epsilon=0.5, delta=0), False),
+    "implicit_residual": (dict(sql=PAIRS, epsilon=0.5, delta=1e-6), True),
+    "implicit_marginals": (dict(sql=SPLIT, epsilon=0.5, delta=0), True),
     "joint": (dict(sql=SUMS, epsilon=0.5, delta=1e-6), False),
 }
 #: the implicit routes and the strategy each must plan (checked by the unfaulted run)

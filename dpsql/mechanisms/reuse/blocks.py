@@ -93,11 +93,12 @@ class Past:
 
     def combine(self, sub, measured, plan, mechanism: str, scale: float) -> list:
         """Adds the new measurement's pieces (planned: ``y`` not known yet; the variances do
-        not depend on it) to the pool of every region with a block ``measured`` (indices
-        into the batch's blocks; regions whose blocks are all free stay answered from the
-        past alone) for the pieces over subsets of its columns, where the limits allow (:data:`~dpsql.mechanisms.reuse.pool.MAX_MEASUREMENTS`, the memory and
-        time left), and re-analyses those regions: their rows' variances are then those of
-        one GLS over old and new. Returns ``[(pool, term)]`` per piece (None where not
+        not depend on it) over subsets of a region's columns to the pool of every region
+        with a block ``measured`` (indices into the batch's blocks; regions whose blocks are
+        all free stay answered from the past alone), where the limits allow
+        (:data:`~dpsql.mechanisms.reuse.pool.MAX_MEASUREMENTS`, the memory and time left),
+        and re-analyses those regions: their rows' variances are then those of one GLS over
+        old and new. Returns ``[(pool, term)]`` per piece (None where not
         added), for :meth:`fill`."""
         pieces = marginal_records(0, sub, plan, np.zeros(plan.n_measurements), mechanism,
                                   scale)
