@@ -316,12 +316,11 @@ def _candidate(choice, eps, dlt, calibration: str, bound: float, k: int = 1) -> 
                      mechanism=choice.mechanism)
 
 
-def select(policy, workload, eps, dlt, calibration: str, reuse: bool = False):
+def select(policy, workload, eps, dlt, calibration: str):
     """The structured candidates' expected errors and the chosen one (no data, no budget):
     ``(Explanation, choice)``. δ > 0: the residual plan (Gaussian) and the marginals
-    (Laplace, no δ spent) compete; δ = 0, or a pure budget: the marginals only.
-    ``reuse``: the request asked for answers from past releases, which batches compiled to
-    blocks do not combine yet: explain says so (the answers are what they would be)."""
+    (Laplace, no δ spent) compete; δ = 0, or a pure budget: the marginals only. Answers
+    from past releases are weighed afterwards (:mod:`dpsql.release.implicit_reuse`)."""
     check_limits(workload)
     total, note = bound_total(workload)
     from dpsql.mechanisms.halfwidths import bound_rmse
@@ -342,11 +341,6 @@ def select(policy, workload, eps, dlt, calibration: str, reuse: bool = False):
                          note=f"skipped: needs the full product of {workload.n_cells:,} "
                               "cells (the batch is compiled to Kronecker blocks)")
                for name in AUTO_CANDIDATES]
-    if reuse:
-        skipped.append(Candidate("reuse", math.nan, math.nan, math.nan, np.zeros(0),
-                                 note="skipped: answers from past releases are not combined "
-                                      "with batches compiled to blocks yet (no effect on "
-                                      "these answers)"))
     bound = k * bound_rmse(best.mechanism, eps, dlt, calibration, total, workload.n_queries) \
         if math.isfinite(total) else math.nan
     expl = Explanation(policy.table, float(eps), float(dlt), best.strategy, best.sigma,

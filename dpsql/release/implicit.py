@@ -14,8 +14,9 @@ bounded from public sizes before the charge; ``integer`` rounds the answers.
 What the implicit path does not do yet sends the batch to the dense form instead
 (:func:`compile_for`; the dense compile refuses products over its cell limit with the sizes
 and how to split): a strategy named explicitly, accuracy targets, and SUM/AVG
-(:mod:`dpsql.release.joint`). Answers from past releases are not combined with an
-implicit batch (explain says so); its measurements are not stored for reuse.
+(:mod:`dpsql.release.joint`). Its measurements are kept for later batches, one piece per
+clique measurement over that measurement's columns only
+(:func:`dpsql.mechanisms.reuse.records.marginal_records`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from dpsql.mechanisms import implicit as selection
+from dpsql.mechanisms.reuse.records import marginal_records
 from dpsql.noise.accounting import PrivacyCost
 from dpsql.noise.gaussian import rounding_slack, zcdp_rho
 from dpsql.workload.values import times_contribution
@@ -129,8 +131,7 @@ class ImplicitPlan(Plan):
     @classmethod
     def of(cls, ask: Ask, public: Public, policy, queries, workload) -> "ImplicitPlan":
         eps = ask.epsilon
-        expl, choice = selection.select(policy, workload, eps, ask.delta, ask.calibration,
-                                        reuse=ask.reuse)
+        expl, choice = selection.select(policy, workload, eps, ask.delta, ask.calibration)
         params = _request_params(eps, ask.delta, ask.strategy, ask.calibration, "dp") \
             | ask.flags
         scale, mplan = expl.sigma, choice.plan
@@ -163,7 +164,9 @@ class ImplicitPlan(Plan):
         halfwidth = self.choice.halfwidth(self.explanation.sigma)
         answers, comment = _post_process(self, m.y, answers)
         parts = [(out, answers, stderr, halfwidth) for out in self.workload.outputs]
-        return Answers(parts, comment, None)
+        record = marginal_records(m.release_id, self.workload, self.choice.plan, m.y,
+                                  self.choice.mechanism, self.explanation.sigma)
+        return Answers(parts, comment, record or None)
 
 
 def _affordable_rounds(choice, workload) -> int:

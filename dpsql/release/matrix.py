@@ -37,7 +37,7 @@ def plan(ask: Ask, public: Public) -> Plan:
 
 
 def _plan(ask: Ask, public: Public) -> Plan:
-    from dpsql.release import implicit, joint
+    from dpsql.release import implicit, implicit_reuse, joint
     from dpsql.sql.vectors import has_values
 
     policy, queries, workload = implicit.compile_for(ask, public)
@@ -47,7 +47,7 @@ def _plan(ask: Ask, public: Public) -> Plan:
     if has_values(queries):                   # SUM / AVG: one release of several blocks
         return joint.plan(ask, public, policy, queries, workload)
     if getattr(workload, "implicit", False):
-        structured = implicit.ImplicitPlan.of(ask, public, policy, queries, workload)
+        structured = implicit_reuse.plan(ask, public, policy, queries, workload)
         dense = implicit.dense_alternative(ask, public, policy, queries, workload)
         if dense is None:
             return structured

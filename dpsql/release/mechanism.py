@@ -195,7 +195,8 @@ class Shown:
 class Answers:
     """What ``infer`` returns: per statement, in order, ``(output, answers, stderr,
     halfwidth)`` indexed like the output's rows of ``W``; the result tables' comment; and the
-    measurements kept for later batches to reuse (None: nothing kept)."""
+    measurements kept for later batches to reuse (a record, or a list of a release's pieces:
+    :mod:`dpsql.mechanisms.reuse.records`; None: nothing kept)."""
 
     parts: list
     comment: str | None = None

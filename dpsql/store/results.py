@@ -75,6 +75,8 @@ class Explanation:
     mechanism: str = "gaussian"      # noise family of the chosen strategy ("reuse": none)
     free: tuple = ()                 # rows of W answered from past releases at no cost
     reused_from: tuple = ()          # the release ids whose measurements are combined
+    #: how old and new answers meet in a partly free batch ('': one GLS over both)
+    reuse_rule: str = ""
     bound_note: str = ""             # why the bound was not computed (planning limits)
     #: a batch mixing COUNT with SUM/AVG (issue 20): one line per data vector (its
     #: aggregate, strategy, noise scale, share and expected RMSE in its own units)
@@ -130,8 +132,9 @@ class Explanation:
                 f"({ids}) at no privacy cost; ")
         head += ("nothing is measured, nothing is charged" if len(free) == self.n_queries
                  else f"{self.n_queries - len(free)} are measured now (the candidates above "
-                      "are for those), and every answer combines old and new measurements "
-                      "by generalised least squares")
+                      "are for those), and " + (self.reuse_rule or
+                      "every answer combines old and new measurements by generalised least "
+                      "squares"))
         rows = []
         for index, start, stop in self.statements:
             for k in range(start, stop):

@@ -4,8 +4,9 @@ dpsql keeps its own tables in the database's ``dpsql`` schema, beside the analys
 
 - ``dpsql.policies``, ``dpsql.ledger``, ``dpsql.release_tables``: policies, charges and the
   result tables they paid for (:mod:`dpsql.store.ledger`);
-- ``dpsql.measurements``: every matrix-mechanism release's noisy measurements, for free
-  answers later (:mod:`dpsql.mechanisms.reuse.records`);
+- ``dpsql.measurements``: every matrix-mechanism release's noisy measurements (a wide
+  batch's as one piece per clique measurement, ``pieces``), for free answers later
+  (:mod:`dpsql.mechanisms.reuse.records`);
 - ``dpsql.strategy_cache``, ``dpsql.selection_cache``, ``dpsql.solver_cache``,
   ``dpsql.halfwidth_cache``: public, re-verified caches (:mod:`dpsql.store.strategy_cache`,
   :mod:`dpsql.store.selection_cache`);
@@ -178,6 +179,11 @@ MIGRATIONS: tuple[Migration, ...] = (
                  "256 KB block each took 6.3 GB and ~96 s); result tables written before stay "
                  "base tables until replaced",
               ("CREATE SCHEMA IF NOT EXISTS dpsql_results",)),
+    Migration(4, "measurements of batches compiled to blocks (issue 16): one release's "
+                 "clique measurements are kept as pieces, each over its own columns only "
+                 "(the full product is never stored); NULL for a measurement over all the "
+                 "release's cells",
+              ("ALTER TABLE dpsql.measurements ADD COLUMN IF NOT EXISTS pieces VARCHAR",)),
 )
 
 #: the schema holding every release's answers (:func:`dpsql.store.database.write_tables`)

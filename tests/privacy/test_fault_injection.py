@@ -22,7 +22,7 @@ a child process runs the release and
 
 Then, after reopening the database as a new process would (:func:`check_invariant`): every
 ``released`` entry has all its result tables with all their rows and, for the matrix routes,
-its stored measurements (the implicit path stores none); a ``charged``-only entry has none
+its stored measurements (the implicit path's as pieces); a ``charged``-only entry has none
 of them and exists only after a fault at or after the charge (never after a pre-charge
 fault, never after a Ctrl-C, which completes the release); no table is orphaned; the budget
 read back equals the exact sum of the ledger. After a kill before the charge, after it, just
@@ -95,8 +95,8 @@ ROUTES = {
     "dx_smalldb": (dict(sql=SEX, epsilon=1, delta=0, model="metric",
                         strategy="dx_smalldb(size=4)"), False),
     "batch3": (dict(sql=THREE, epsilon=0.25, delta=1e-6, strategy="workload"), True),
-    "implicit_residual": (dict(sql=PAIRS, epsilon=0.5, delta=1e-6), False),
-    "implicit_marginals": (dict(sql=SPLIT, epsilon=0.5, delta=0), False),
+    "implicit_residual": (dict(sql=PAIRS, epsilon=0.5, delta=1e-6), True),
+    "implicit_marginals": (dict(sql=SPLIT, epsilon=0.5, delta=0), True),
     "joint": (dict(sql=SUMS, epsilon=0.5, delta=1e-6), False),
 }
 #: the implicit routes and the strategy each must plan (checked by the unfaulted run)
@@ -388,10 +388,9 @@ def check_invariant(path: str) -> dict:
     for release_id, st, _, _, names, mechanism, strategy in rows:
         assert st in ("charged", "released"), st
         if st == "released":          # every table, every row; the matrix's measurements
-            assert sorted(linked_by.get(release_id, [])) == sorted(names)   # (not the
-            dense = (strategy not in IMPLICIT.values()    # implicit path's and joint
-                     and not strategy.startswith("joint("))  # releases': not stored)
-            assert (release_id in stored) == (mechanism in ("gaussian", "laplace") and dense), \
+            assert sorted(linked_by.get(release_id, [])) == sorted(names)   # (dense or
+            kept = not strategy.startswith("joint(")   # implicit; joint releases': not kept)
+            assert (release_id in stored) == (mechanism in ("gaussian", "laplace") and kept), \
                 (release_id, mechanism, strategy)
         else:                         # nothing of it
             assert release_id not in linked_by and release_id not in stored
@@ -663,8 +662,8 @@ def _fault_and_retry(driver, path, route, mode, point, before) -> None:
 def test_the_invariant_check_catches_broken_ledgers(templates, scratch):
     """The check itself can fail: a released entry missing a table, a charged entry with
     linked tables, an orphan table, stored answers of no release and a released matrix
-    release without its stored measurements are each refused, and so is an implicit release relabelled as a dense
-    one (the exemption from stored measurements is the implicit strategies' only)."""
+    release without its stored measurements are each refused, and so is an implicit release
+    without its stored pieces."""
     import dpsql
 
     def broken(sql, route="batch3"):
@@ -686,5 +685,4 @@ def test_the_invariant_check_catches_broken_ledgers(templates, scratch):
         with pytest.raises(AssertionError):
             check_invariant(broken(sql))
     with pytest.raises(AssertionError):
-        check_invariant(broken("UPDATE dpsql.ledger SET strategy = 'identity' "
-                               "WHERE strategy = 'marginals'", "implicit_marginals"))
+        check_invariant(broken("DELETE FROM dpsql.measurements", "implicit_marginals"))

@@ -13,5 +13,8 @@ batch. Which queries are free depends on what was released before, never on the 
 - :mod:`~dpsql.mechanisms.reuse.records`: a release's measurements as stored
   (``dpsql.measurements``) and the domain fingerprint saying which may be combined;
 - :mod:`~dpsql.mechanisms.reuse.pool`: the common refinement and the GLS pool;
-- :mod:`~dpsql.mechanisms.reuse.decide`: which rows are free and what the rest costs.
+- :mod:`~dpsql.mechanisms.reuse.decide`: which rows are free and what the rest costs;
+- :mod:`~dpsql.mechanisms.reuse.blocks`: the same pool per clique region of a batch compiled
+  to Kronecker blocks (issue 16), over its marginals only (the release side:
+  :mod:`dpsql.release.implicit_reuse`).
 """

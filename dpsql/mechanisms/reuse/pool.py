@@ -109,10 +109,13 @@ class Pool:
     ``M̃⁺ = M̃ᵀ G⁺``), its variance ``‖c‖²``, and ``w`` is estimable iff it lies in the row
     space of ``M̃``: ``‖w‖² = w M̃ᵀ G⁺ M̃ wᵀ`` (the squared norm of its projection)."""
 
-    def __init__(self, policy, workload, records: list[Record]):
+    def __init__(self, policy, workload, records: list[Record], room: float | None = None,
+                 spare: int = MAX_MEASUREMENTS // 2):
         """Takes the newest records first while the refinement and the number of
         measurements stay within their limits; ``self.records`` are those used,
-        ``self.skipped`` the ids of the others."""
+        ``self.skipped`` the ids of the others. ``room``: the bytes the analysis may take
+        (default :data:`MAX_SHARE` of the planning memory limit) with ``spare`` more
+        measurements to come (the new ones); ``self.need`` is its predicted memory."""
         self.policy = policy
         base = [tuple((p.column, np.asarray(p.unit_to_part)) for p in workload.partitions)]
         kept: list[Record] = []
@@ -131,7 +134,7 @@ class Pool:
                 self.skipped.append(rec.release_id)
         self.records = sorted(kept, key=lambda r: r.release_id)
         self.refinement = Refinement(policy, base + [r.partitions for r in self.records])
-        self.too_costly = self._over_share(m)
+        self.too_costly = self._over_share(m + spare, room)
         if self.too_costly:
             self.records, self._terms = [], []
             return
@@ -141,12 +144,13 @@ class Pool:
         self._counts = np.asarray(self.P_new.sum(axis=1)).reshape(-1)   # refined per cell
         self._gram = None
 
-    def _over_share(self, m: int) -> str:
-        """Why the analysis is skipped (its predicted memory over :data:`MAX_SHARE` of the
-        planning limit), or ''."""
-        need = predicted_bytes(self.refinement.n, len(self.refinement.columns),
-                               len(self.records), m + MAX_MEASUREMENTS // 2)
-        room = planning.current().max_memory * MAX_SHARE
+    def _over_share(self, m: int, room: float | None = None) -> str:
+        """Why the analysis is skipped (its predicted memory over ``room``, by default
+        :data:`MAX_SHARE` of the planning limit), or ''."""
+        need = self.need = predicted_bytes(self.refinement.n, len(self.refinement.columns),
+                                           len(self.records), m)
+        if room is None:
+            room = planning.current().max_memory * MAX_SHARE
         if not self.records or need <= room:
             return ""
         return (f"skipped: combining {len(self.records)} past releases would need about "
@@ -156,16 +160,20 @@ class Pool:
 
     @property
     def release_ids(self) -> tuple:
-        return tuple(r.release_id for r in self.records)
+        """The past releases combined (a release kept as pieces counts once)."""
+        return tuple(sorted({r.release_id for r in self.records}))
 
     def can_add(self, record: Record) -> bool:
         """Whether a new measurement over the batch's cells fits the limits."""
         m = sum(rec.A.shape[0] for rec, _ in self._terms) + record.A.shape[0]
         return m <= MAX_MEASUREMENTS
 
-    def add(self, record: Record) -> int:
-        """A measurement over the batch's own cells (the new part, planned); its term index."""
-        self._terms.append((record, self.P_new))
+    def add(self, record: Record, own: bool = False) -> int:
+        """A measurement over the batch's own cells (the new part, planned), or, ``own``,
+        over its record's partitions (a piece over some of the batch's columns, which the
+        refinement already refines); its term index."""
+        P = self.refinement.aggregation(record.partitions) if own else self.P_new
+        self._terms.append((record, P))
         self._gram = None
         return len(self._terms) - 1
 
@@ -233,7 +241,13 @@ class Pool:
                 block = np.asarray(block)
                 G[starts[i]:starts[i + 1], starts[j]:starts[j + 1]] = block
                 G[starts[j]:starts[j + 1], starts[i]:starts[i + 1]] = block.T
-        lam, V = la.eigh(G, check_finite=False)
+        try:
+            lam, V = la.eigh(G, check_finite=False)
+        except la.LinAlgError:
+            # LAPACK's syevr (scipy's default driver) has been seen to fail ("Internal
+            # Error") on a G with many eigenvalues at rounding level, under the one-thread
+            # planning BLAS, where divide and conquer (syevd) succeeds on the same matrix
+            lam, V = la.eigh(G, check_finite=False, driver="evd")
         tol = max(float(lam.max(initial=0.0)), 0.0) * G.shape[0] * 1e-12
         keep = lam > tol
         return (V[:, keep] / lam[keep]) @ V[:, keep].T
