@@ -141,3 +141,4 @@ def test_gram_route_counts_the_differences_without_forming_them():
                       shape=(len(ends), 512))
     assert ends[:, 1].max() < 511                     # none ends in the last column
     assert gram_route(R) == ("differences", 4.0 * len(ends) + 4.0 * 512 * 512)
+    assert limits.gram_ops(R) == gram_route(R)[1]     # the bound prices it too (m >= n)
