@@ -27,8 +27,8 @@ the returned strategy whatever the solver did. ``h`` is concave, ``∂h/∂w_j =
   an error of 0.2 in ``x``), so only a cold start's first step, at uniform ``w`` where
   ``x`` is off by 0.7 and float32 by 2.5e-3, is float32 (half the cost) and it only sets
   the next ``w``: every bound comes from float64 steps. Three steps give a gap below 1e-6
-  on all ranges. A Gram matrix invariant under reversing the cell order (ranges, many marginals)
-  splits into half-size eigenproblems on (anti)symmetric vectors: four times cheaper.
+  on all ranges. A Gram matrix invariant under reversing the cell order (ranges, many
+  marginals) splits into half-size eigenproblems on (anti)symmetric vectors: four times cheaper.
 - rank ``r < n`` (``V = F Fᵀ``, e.g. few queries over many cells): every quantity comes from
   ``K = Fᵀ D F`` (``r x r``), and the many optimal weights that are 0 — where the fixed point
   crawls — are reached by L-BFGS-B on an equivalent bound-constrained concave program
@@ -144,10 +144,11 @@ def solve(workload: WorkloadInfo, *, tol: float = TOL, max_iterations: int = 100
     """Maximise the dual to a certified gap ``<= tol``; see the module docstring.
 
     ``weights`` (length n, nonnegative) warm-starts the dual; the default is uniform, whose
-    first lower bound is svdb (a cold start's first step is float32 and no bound when a
-    second step may follow: ``max_iterations > 1``). A low-rank workload is first ascended by L-BFGS-B; then the
-    fixed point runs for at most ``max_iterations`` eigendecompositions, stopping at the gap
-    or when it stalls, and the best strategy found is returned with its certified gap.
+    first lower bound is svdb (but a cold start's first step is float32 and no bound when a
+    second step may follow: ``max_iterations > 1``). A low-rank workload is first ascended
+    by L-BFGS-B; then the fixed point runs for at most ``max_iterations``
+    eigendecompositions, stopping at the gap or when it stalls, and the best strategy found
+    is returned with its certified gap.
     """
     if max_iterations < 1:
         raise StrategyError("the optimal strategy needs max_iterations >= 1")
