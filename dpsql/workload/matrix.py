@@ -189,8 +189,8 @@ def gram(W) -> np.ndarray:
 
 
 #: the last :func:`gram_route` answer, for the W it was computed on (planning asks once per
-#: candidate): (weak reference to W, answer)
-_ROUTE: list = [None, None]
+#: candidate): one tuple (weak reference to W, answer), replaced whole (thread-safe)
+_ROUTE: list = [None]
 
 
 def gram_route(W) -> tuple[str, float]:
@@ -202,8 +202,9 @@ def gram_route(W) -> tuple[str, float]:
     entries in ``O(nnz)`` without forming ``B``: an entry starts a difference unless its left
     neighbour in the row holds the same value, and ends one unless its right neighbour is
     stored (or it is in the last column)."""
-    if _ROUTE[0] is not None and _ROUTE[0]() is W:
-        return _ROUTE[1]
+    memo = _ROUTE[0]
+    if memo is not None and memo[0]() is W:
+        return memo[1]
     W = sp.csr_matrix(W, dtype=float) if not sp.isspmatrix_csr(W) else W
     m, n = W.shape
     counts = np.diff(W.indptr)
@@ -215,7 +216,7 @@ def gram_route(W) -> tuple[str, float]:
         if ops < direct and float(np.square(l1).sum()) < 2.0 ** 52:
             answer = ("differences", ops)
     try:
-        _ROUTE[:] = [weakref.ref(W), answer]
+        _ROUTE[0] = (weakref.ref(W), answer)
     except TypeError:                             # not weakly referable: no memo
         pass
     return answer
