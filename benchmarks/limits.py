@@ -205,9 +205,10 @@ def _cost(family, name, strategy, n, m, nnz):
     info = _N()
     info.n = n
     key = "eigen/laplace" if family == "laplace" and name == "eigen" else name
-    lengths = np.arange(1, n + 1, dtype=float)       # n - L + 1 ranges of each length L
+    # WᵀW by column differences (dpsql.workload.matrix.gram_route): two per range, one for
+    # the n ranges that end in the last column, and the dense passes 4n²
     return planning.candidate_cost(key, n, m, nnz, estimate(info) if estimate else 0.0,
-                                   row_gram=float(((n - lengths + 1) * lengths ** 2).sum()))
+                                   row_gram=4.0 * (m - n) + n + 4.0 * n * n)
 
 
 def whole_requests(policies, max_seconds: float) -> int:

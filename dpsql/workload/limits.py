@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dpsql.errors import BatchTooLarge, PrivacyParameterError
+from dpsql.workload.matrix import gram_route
 
 GIB = 1024 ** 3
 
@@ -154,11 +155,13 @@ def bound_cost(n: int, m: int, nnz: int, gram_ops: float = 0.0, fitted: bool = T
 
 
 def gram_ops(W) -> float:
-    """Multiply-adds of the sparse Gram product the bound forms: ``Σ nnz(row)²`` for
-    ``WᵀW`` (m ≥ n), ``Σ nnz(column)²`` for ``W Wᵀ``."""
+    """Multiply-adds of the Gram product the bound forms: ``V = WᵀW`` (m ≥ n) by the route
+    :func:`dpsql.workload.matrix.gram` takes (:func:`row_gram_ops`), ``Σ nnz(column)²`` for
+    ``W Wᵀ``."""
     m, n = W.shape
-    counts = (np.diff(W.indptr) if m >= n else np.bincount(W.indices, minlength=n))
-    return float(np.square(counts.astype(np.float64)).sum())
+    if m >= n:
+        return row_gram_ops(W)
+    return float(np.square(np.bincount(W.indices, minlength=n).astype(np.float64)).sum())
 
 
 #: per strategy: (dense n x n matrices held at the peak, dense measurement rows per cell,
@@ -193,18 +196,24 @@ _SHAPES = {
 #: four larger batches more (random intervals of 384 and 480 cells with 40,000 and 70,000
 #: rows; every marginal of made-up 5-column CUBEs of 2,160 and 2,520 cells): the earlier fit
 #: saw at most 1,600 cells and 15,000 rows, and under-predicted the all-range batches of
-#: 256-512 cells 2-3.4x and the 3,888-cell CUBE's bound 2.9-3.2x. Formula:
+#: 256-512 cells 2-3.4x and the 3,888-cell CUBE's bound 2.9-3.2x. eigen, optimal and
+#: eigen/laplace were refitted again on 2026-11-29 (same command, load average ~8) once their
+#: third feature priced the Gram route :func:`row_gram_ops` takes (column differences for
+#: integer rows) and ``optimal`` took a float32 first step; then svdb (whose :func:`gram_ops`
+#: prices that route too), hierarchical and fourier (moved to :data:`ROW_GRAM_STEPS`): with
+#: ``V`` cheap by differences they were over-predicted 4-30x on all ranges over 256-512 cells.
+#: Formula:
 #: ``Σ TIME_FIT[step][i] · time_features(...)[i]`` (plus the wavelet's Gram term, and at least a strategy's own estimate: :func:`candidate_cost`)
 TIME_FIT: dict[str, tuple[float, ...]] = {   # the fit's worst ratio on its own batches
-    "svdb": (0.00125, 1.11e-10, 4.9e-09, 1.41e-08, 0),                    # 1.73
+    "svdb": (0.00144, 1.23e-10, 5.25e-09, 9.37e-09, 7.31e-09),            # 2.01
     "identity": (0.00028, 0, 0, 0, 4.25e-09),                             # 2.00
     "workload": (0.0028, 5.8e-11, 2.33e-09, 2.42e-08, 2.08e-07),            # 10.4
-    "hierarchical": (0.00572, 1.86e-10, 2.34e-09, 2.74e-08, 1.22e-07),    # 1.77
+    "hierarchical": (0.00722, 1.69e-10, 9.37e-09, 5.13e-08, 0),           # 1.97
     "wavelet": (0.00477, 9.38e-11, 0, 4.84e-08, 0),                      # 2.77
-    "fourier": (0.00208, 2.29e-10, 2.61e-09, 1.58e-08, 9.67e-08),         # 1.91
-    "eigen": (0.00302, 2.34e-10, 6.72e-09, 9.37e-08, 0),                  # 3.50
-    "optimal": (0.00623, 5.84e-10, 7.83e-09, 2.97e-08, 0),        # 105: iterative, uneven
-    "eigen/laplace": (0.184, 8.76e-10, 3.24e-09, 3.3e-07, 1.27e-07),      # 2.01
+    "fourier": (0.00268, 2.47e-10, 7.36e-09, 2.82e-08, 3.24e-08),         # 1.95
+    "eigen": (0.00501, 3.14e-10, 2.09e-08, 8.22e-08, 0),                  # 2.99
+    "optimal": (0.0118, 6.04e-10, 3.37e-08, 0, 1.85e-07),         # 126: iterative, uneven
+    "eigen/laplace": (0.174, 1.08e-09, 2.45e-08, 1.33e-07, 0),            # 2.08
 }
 
 
@@ -216,16 +225,19 @@ TIME_FIT: dict[str, tuple[float, ...]] = {   # the fit's worst ratio on its own 
 CUBIC_FLOOR = {"eigen": 8e-10}
 
 
-#: the steps whose third time feature is the Gram product's multiply-adds ``Σ nnz(row)²``
-#: of ``W`` (:func:`row_gram_ops`: they form ``V = WᵀW`` from the sparse ``W``), not
-#: ``nnz·n``: on all-range batches (rows of n/3 cells on average) ``nnz·n`` is twice
-#: ``Σ nnz(row)²`` and over-predicted them 2.8-4x, on marginals it is 30-100x more
-ROW_GRAM_STEPS = frozenset({"eigen", "optimal", "eigen/laplace"})
+#: the steps whose third time feature is the Gram product's multiply-adds (they form
+#: ``V = WᵀW`` from the sparse ``W``: :func:`row_gram_ops`), not ``nnz·n``: on all-range
+#: batches ``nnz·n`` is ~10⁴ times the product by differences (512 cells), on marginals
+#: 30-100x the direct one
+ROW_GRAM_STEPS = frozenset({"eigen", "optimal", "eigen/laplace", "hierarchical", "fourier"})
 
 
 def row_gram_ops(W) -> float:
-    """``Σ nnz(row)²`` of ``W``: the multiply-adds of the sparse product ``WᵀW``."""
-    return float(np.square(np.diff(W.indptr).astype(np.float64)).sum())
+    """The multiply-adds of ``WᵀW`` by the route :func:`dpsql.workload.matrix.gram` takes:
+    ``Σ nnz(row)²`` of ``W`` directly, or for integer rows that are short in column
+    differences (ranges, points) ``Σ nnz(diff row)² + 4n²`` (on all ranges over 512 cells
+    2.9·10⁶ instead of 4.5·10⁹)."""
+    return gram_route(W)[1]
 
 
 def candidate_cost(name: str, n: int, m: int, nnz: int, estimated_seconds: float = 0.0,

@@ -9,6 +9,7 @@ cell count by 1, so ``A x`` moves by one column of ``A``). Li & Miklau, *Eigen-D
 from __future__ import annotations
 
 import math
+import weakref
 from fractions import Fraction
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -173,22 +174,79 @@ def gram(W) -> np.ndarray:
     ``BᵀB`` cumulated down and across. For integer ``W`` whose partial sums stay below 2**53
     every step is exact integer arithmetic in float64, the same numbers as ``(WᵀW)`` formed
     directly; the cost is ``Σ_r nnz(B_r)² + n²`` instead of ``Σ_r nnz(W_r)²`` (1,024 points
-    plus 1,500 random ranges at n = 1,024: 0.6-1.0 s direct, ~0.03 s by differences).
+    plus 1,500 random ranges at n = 1,024: 0.6-1.0 s direct, ~0.03 s by differences). The
+    route is :func:`gram_route`'s, which the planning model prices too.
     """
     W = sp.csr_matrix(W, dtype=float)
     n = W.shape[1]
-    direct = float(np.square(np.diff(W.indptr), dtype=float).sum())
-    if n > 1 and direct > 4.0 * n * n and np.all(W.data == np.rint(W.data)):
+    if gram_route(W)[0] == "differences":
         B = (W @ (sp.eye(n, format="csr") - sp.eye(n, k=1, format="csr"))).tocsr()
         B.eliminate_zeros()
-        rows = np.diff(B.indptr)
-        row_l1 = np.asarray(abs(B).sum(axis=1)).reshape(-1)
-        if (float(np.square(rows, dtype=float).sum()) + 4.0 * n * n < direct
-                and float(np.square(row_l1).sum()) < 2.0 ** 52):
-            G = (B.T @ B).toarray()
-            np.cumsum(G, axis=0, out=G)           # in place: one n x n array at a time
-            return np.cumsum(G, axis=1, out=G)
+        G = (B.T @ B).toarray()
+        np.cumsum(G, axis=0, out=G)               # in place: one n x n array at a time
+        return np.cumsum(G, axis=1, out=G)
     return np.asarray((W.T @ W).toarray(), dtype=float)
+
+
+#: the last :func:`gram_route` answer, for the W it was computed on (planning asks once per
+#: candidate): one tuple (weak reference to W, answer), replaced whole (thread-safe)
+_ROUTE: list = [None]
+
+
+def gram_route(W) -> tuple[str, float]:
+    """``("direct" | "differences", multiply-adds)``: how :func:`gram` forms ``WᵀW``.
+
+    Direct: ``Σ_r nnz(W_r)²``. Differences (integer ``W`` only, when cheaper and exact):
+    ``Σ_r nnz(B_r)² + 4n²`` (the product of the differences, and the dense passes: the two
+    cumulative sums and the conversion). The difference rows are counted from ``W``'s
+    entries in ``O(nnz)`` without forming ``B``: an entry starts a difference unless its left
+    neighbour in the row holds the same value, and ends one unless its right neighbour is
+    stored (or it is in the last column)."""
+    memo = _ROUTE[0]
+    if memo is not None and memo[0]() is W:
+        return memo[1]
+    W = sp.csr_matrix(W, dtype=float) if not sp.isspmatrix_csr(W) else W
+    m, n = W.shape
+    counts = np.diff(W.indptr)
+    direct = float(np.square(counts, dtype=float).sum())
+    answer = ("direct", direct)
+    if n > 1 and direct > 4.0 * n * n and np.all(W.data == np.rint(W.data)):
+        rows, l1 = _difference_rows(W)
+        ops = float(np.square(rows, dtype=float).sum()) + 4.0 * n * n
+        if ops < direct and float(np.square(l1).sum()) < 2.0 ** 52:
+            answer = ("differences", ops)
+    try:
+        _ROUTE[0] = (weakref.ref(W), answer)
+    except TypeError:                             # not weakly referable: no memo
+        pass
+    return answer
+
+
+def _difference_rows(W) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of ``W``, the non-zeros and the L1 norm of ``B_r`` (``B = W (I − shift)``)."""
+    if not W.has_canonical_format or not np.all(W.data != 0):
+        W = W.copy()
+        W.sum_duplicates()                        # canonical: sorted, no repeated indices
+        W.eliminate_zeros()
+    col, v, ptr = W.indices, W.data, W.indptr
+    joined = np.zeros(v.size, dtype=bool)         # the left neighbour is stored
+    joined[1:] = col[1:] == col[:-1] + 1
+    joined[ptr[:-1][np.diff(ptr) > 0]] = False    # (not across rows)
+    starts = ~joined
+    starts[1:] |= v[1:] != v[:-1]                 # B[r, col] = v − (stored left neighbour)
+    ends = np.ones(v.size, dtype=bool)            # the right neighbour is not stored ...
+    ends[:-1] = ~joined[1:]
+    ends &= col < W.shape[1] - 1                  # ... and exists: B[r, col + 1] = −v
+    at = np.flatnonzero(starts)
+    step = np.abs(v[at] - np.where(joined[at], v[np.maximum(at - 1, 0)], 0.0))
+    at_row = np.searchsorted(ptr, at, side="right") - 1
+    tail = np.flatnonzero(ends)
+    tail_row = np.searchsorted(ptr, tail, side="right") - 1
+    m = W.shape[0]
+    rows = np.bincount(at_row, minlength=m) + np.bincount(tail_row, minlength=m)
+    l1 = (np.bincount(at_row, weights=step, minlength=m)
+          + np.bincount(tail_row, weights=np.abs(v[tail]), minlength=m))
+    return rows, l1
 
 
 class Strategy(Protocol):

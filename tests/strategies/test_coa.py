@@ -255,3 +255,35 @@ def test_coa_stops_at_the_first_certified_newton_iterate():
     short = COA(max_newton=sol.iterations - 1).solve(workload, X0=X0)
     assert short.gap > 1e-6
     assert short.iterations == sol.iterations - 1
+
+
+def test_the_float32_first_step_is_never_a_bound(monkeypatch):
+    """A cold start's first step is float32 and only sets the next weights: even a wrong
+    first step (eigenvalues 4x too large, which would be a false lower bound, and a random
+    basis for eigenvectors) costs steps, never the certificate; the float64 steps that
+    follow give every bound."""
+    from dpsql.strategies.gaussian import dual
+
+    rng = np.random.default_rng(3)  # test data only
+    W = np.vstack([np.eye(24), range_rows(24, 30, rng)])
+    workload = WorkloadInfo.from_matrix(sp.csr_matrix(W))
+    best = sdp_optimum(workload.V)
+    honest = solve(workload)
+    exact = dual.eigh
+    singles = []
+
+    def wrong_single(M, single=False):
+        if not single:
+            return exact(M)
+        singles.append(M.shape)
+        lam, _ = exact(M)
+        return 4 * lam, np.linalg.qr(rng.normal(size=M.shape))[0]
+
+    monkeypatch.setattr(dual, "eigh", wrong_single)
+    for sol in (solve(workload), honest):
+        assert sol.lower * sol.scale <= best * (1 + 1e-7)
+        assert best <= sol.upper * sol.scale * (1 + 1e-7)
+        assert sol.gap <= 1e-6
+    assert singles == [(24, 24)]                      # one float32 step, the first
+    assert solve(workload, weights=honest.weights).iterations == 1   # warm: float64 only
+    assert len(singles) == 1

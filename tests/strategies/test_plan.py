@@ -11,7 +11,7 @@ import scipy.sparse as sp
 from dpsql.errors import StrategyError
 from dpsql.kernel.boundary import Kernel
 from dpsql.kernel.scales import _on_grid
-from dpsql.workload.matrix import (Plan, exact_l2_sensitivity, gram, l2_sensitivity,
+from dpsql.workload.matrix import (Plan, exact_l2_sensitivity, gram, gram_route, l2_sensitivity,
                                    make_plan)
 
 
@@ -106,3 +106,39 @@ def test_gram_by_differences_is_the_exact_gram():
     assert np.array_equal(gram(F), (F.T @ F).toarray())
     S = sp.csr_matrix(np.eye(n))                      # short rows: direct
     assert np.array_equal(gram(S), np.eye(n))
+
+
+def test_gram_route_counts_the_differences_without_forming_them():
+    """The planning model prices the route gram takes: the difference rows counted from W's
+    entries (runs, gaps, sign changes, explicit zeros, the last column) match B formed."""
+    from dpsql.workload import limits
+
+    rng = np.random.default_rng(11)  # test data only
+    n = 40
+    shift = sp.eye(n, format="csr") - sp.eye(n, k=1, format="csr")
+    for trial in range(60):
+        D = rng.integers(-2, 3, (30, n)) * (rng.random((30, n)) < rng.random())
+        for r in range(0, 30, 2):                     # half the rows: runs of one value
+            a, b = sorted(rng.integers(0, n, 2))
+            D[r] = 0
+            D[r, a:b + 1] = rng.integers(1, 3) if r % 4 else 0
+        W = sp.csr_matrix(D.astype(float))
+        W.data[::7] = 0.0                             # explicit zeros are not entries
+        B = (W @ shift).tocsr()
+        B.eliminate_zeros()
+        rows = np.diff(B.indptr).astype(float)
+        direct = float(np.square(np.diff(W.indptr), dtype=float).sum())
+        ops = float(np.square(rows).sum()) + 4.0 * n * n
+        route = gram_route(W)
+        assert route == (("differences", ops) if ops < direct and direct > 4.0 * n * n
+                         else ("direct", direct))
+        assert limits.row_gram_ops(W) == route[1]
+        assert np.array_equal(gram(W), (W.T @ W).toarray())
+    ends = np.array([(a, b) for a in range(0, 512, 8) for b in range(a, 512, 8)])
+    lengths = ends[:, 1] - ends[:, 0] + 1             # long ranges: two differences a row
+    cols = np.concatenate([np.arange(a, b + 1) for a, b in ends])
+    R = sp.csr_matrix((np.ones(cols.size), cols, np.concatenate([[0], np.cumsum(lengths)])),
+                      shape=(len(ends), 512))
+    assert ends[:, 1].max() < 511                     # none ends in the last column
+    assert gram_route(R) == ("differences", 4.0 * len(ends) + 4.0 * 512 * 512)
+    assert limits.gram_ops(R) == gram_route(R)[1]     # the bound prices it too (m >= n)

@@ -22,10 +22,13 @@ the returned strategy whatever the solver did. ``h`` is concave, ``∂h/∂w_j =
 
 - full-rank ``V``: the multiplicative fixed point ``w_j <- w_j X(w)_jj^γ`` (NOTES), over-relaxed
   (γ = 2) and accelerated by Anderson mixing on ``log w``, falling back to the plain γ = 1
-  step whenever ``h`` decreases. A step is one float64 eigendecomposition of ``M`` (float32
-  is too inaccurate: range workloads have cond(M) ~ 1e7); three give a gap of 1e-8 on all
-  ranges. A Gram matrix invariant under reversing the cell order (ranges, many marginals)
-  splits into half-size eigenproblems on (anti)symmetric vectors: four times cheaper.
+  step whenever ``h`` decreases. A step is one float64 eigendecomposition of ``M`` (LAPACK
+  syevd); float32 is too inaccurate near the optimum (range workloads have cond(M) ~ 1e7:
+  an error of 0.2 in ``x``), so only a cold start's first step, at uniform ``w`` where
+  ``x`` is off by 0.7 and float32 by 2.5e-3, is float32 (half the cost) and it only sets
+  the next ``w``: every bound comes from float64 steps. Three steps give a gap below 1e-6
+  on all ranges. A Gram matrix invariant under reversing the cell order (ranges, many
+  marginals) splits into half-size eigenproblems on (anti)symmetric vectors: four times cheaper.
 - rank ``r < n`` (``V = F Fᵀ``, e.g. few queries over many cells): every quantity comes from
   ``K = Fᵀ D F`` (``r x r``), and the many optimal weights that are 0 — where the fixed point
   crawls — are reached by L-BFGS-B on an equivalent bound-constrained concave program
@@ -141,9 +144,11 @@ def solve(workload: WorkloadInfo, *, tol: float = TOL, max_iterations: int = 100
     """Maximise the dual to a certified gap ``<= tol``; see the module docstring.
 
     ``weights`` (length n, nonnegative) warm-starts the dual; the default is uniform, whose
-    first lower bound is svdb. A low-rank workload is first ascended by L-BFGS-B; then the
-    fixed point runs for at most ``max_iterations`` eigendecompositions, stopping at the gap
-    or when it stalls, and the best strategy found is returned with its certified gap.
+    first lower bound is svdb (but a cold start's first step is float32 and no bound when a
+    second step may follow: ``max_iterations > 1``). A low-rank workload is first ascended
+    by L-BFGS-B; then the fixed point runs for at most ``max_iterations``
+    eigendecompositions, stopping at the gap or when it stalls, and the best strategy found
+    is returned with its certified gap.
     """
     if max_iterations < 1:
         raise StrategyError("the optimal strategy needs max_iterations >= 1")
@@ -153,7 +158,8 @@ def solve(workload: WorkloadInfo, *, tol: float = TOL, max_iterations: int = 100
         used = 0
         if isinstance(form, FactoredForm) and form.r <= min(LBFGS_MAX_RANK, support.size - 1):
             w, used = form.ascend(w, LBFGS_EVALUATIONS)
-        best, lower, it = _ascend(form, w, tol, max_iterations)
+        single = weights is None and isinstance(form, FullForm) and max_iterations > 1
+        best, lower, it = _ascend(form, w, tol, max_iterations, single)
         return _assemble(workload.n, support, scale, form, best, lower, used + it)
 
 
@@ -172,10 +178,12 @@ def _start(n: int, support: np.ndarray, weights, split: bool) -> np.ndarray:
     return w
 
 
-def _ascend(form, w: np.ndarray, tol: float, max_iterations: int):
+def _ascend(form, w: np.ndarray, tol: float, max_iterations: int, single: bool = False):
     """The fixed point ``w <- w x^γ`` (Anderson-mixed on log w, plain step when h drops),
     one eigendecomposition per iteration, until the certified gap is ``<= tol`` or stalls.
-    Returns (best (upper, w, point, rescaled), the largest lower bound, iterations)."""
+    ``single``: the first step (from uniform ``w``, far from the optimum) in float32; it
+    only moves ``w`` and is no bound. Returns (best (upper, w, point, rescaled), the largest
+    lower bound, iterations)."""
     u = np.log(np.maximum(w, 1e-300))
     u = np.maximum(u, u.max() - 600.0)
     hist_u, hist_r = [], []
@@ -185,8 +193,12 @@ def _ascend(form, w: np.ndarray, tol: float, max_iterations: int):
         it += 1
         w = np.exp(u - u.max())
         w /= w.sum()
-        point = form.evaluate(w)
+        point = form.evaluate(w, True) if single and it == 1 else form.evaluate(w)
         x = np.maximum(point.x, 1e-300)
+        if not point.exact:                      # a direction only: the plain step
+            hist_u, hist_r = [np.log(w)], [GAMMA * np.log(x)]
+            u = anderson(hist_u, hist_r)
+            continue
         lower = max(lower, point.low ** 2)
         upper = min(point.h ** 2 * float(x.max()), point.rescaled)
         if best is None or upper < best[0]:
