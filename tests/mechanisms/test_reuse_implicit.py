@@ -6,18 +6,16 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
-import tempfile
 import tomllib
 from importlib import resources
 
-import duckdb
 import numpy as np
 import pytest
 
-import dpsql
 from dpsql.mechanisms.reuse import records
 from dpsql.policy.policy import table_policy_from_spec
+
+from ..sql.test_implicit import _NoNoise, _database as _implicit_database
 
 DATA = resources.files("dpsql") / "data"
 SPEC = tomllib.loads((DATA / "adult_policy.toml").read_text())["tables"]["adult"]
@@ -26,27 +24,9 @@ PAIRS = [f"SELECT {a}, {b}, COUNT(*) FROM adult GROUP BY {a}, {b}"
          for a, b in itertools.combinations(COLS[:5], 2)]
 
 
-class _NoNoise:
-    """Releases the exact measurements (tests only, non-private)."""
-
-    private = False
-
-    def sample(self, values, sigma, *, sensitivity=None):
-        return np.asarray(values, dtype=float), 0.0
-
-    def laplace(self, values, scale, *, sensitivity=None, epsilon=None):
-        return np.asarray(values, dtype=float), 0.0
-
-
 def _database(sampler):
-    path = os.path.join(tempfile.mkdtemp(prefix="dpsql-reuse16-"), "adult.duckdb")
-    con = duckdb.connect(path)
-    con.execute("CREATE TABLE adult AS SELECT * FROM read_csv(?, header = true)",
-                [str(DATA / "adult.csv.gz")])
-    con.close()
-    db = dpsql.connect(path, sampler=sampler)
-    db.protect("adult", dict(SPEC, epsilon=100, delta=0.5))
-    return db
+    """A fresh demo database protected at ε = 100 (:func:`tests.sql.test_implicit._database`)."""
+    return _implicit_database(sampler)[0]
 
 
 def _policy():
