@@ -32,36 +32,26 @@ from fractions import Fraction
 import numpy as np
 
 from dpsql.errors import StrategyError
+from dpsql.kernel.oracles import Allowance
 from dpsql.kernel.scales import _refuse_if
 from dpsql.noise.laplace import laplace_scale, laplace_shortfall
 
 
-class MarginalOracle:
+class MarginalOracle(Allowance):
     """Selections and Laplace measurements of full marginals (module docstring)."""
 
     def __init__(self, counts: dict, sizes, candidates, sampler, epsilon: Fraction):
+        super().__init__(epsilon)
         self._counts = dict(counts)
         self._sizes = tuple(int(n) for n in sizes)
         self.candidates = tuple(tuple(int(i) for i in C) for C in candidates)
         self._sampler = sampler
-        self.budget = Fraction(epsilon)
-        self.spent = Fraction(0)
         self._cache: dict = {}
         if not self.candidates:
             raise StrategyError("internal error: a marginal oracle needs candidates")
 
     def close(self) -> None:
         self._counts, self._cache = {}, {}
-
-    def _affordable(self, epsilon) -> Fraction:
-        eps = Fraction(epsilon)
-        if eps <= 0:
-            raise StrategyError("internal error: a step must spend epsilon > 0")
-        if self.spent + eps > self.budget:
-            raise StrategyError(
-                f"internal error: the algorithm asked for more than its charged epsilon "
-                f"({float(self.spent + eps)!r} > {float(self.budget)!r}); refusing")
-        return eps
 
     def _true(self, columns: tuple) -> np.ndarray:
         """The full marginal on ``columns`` (sorted), summed down from the smallest clique
@@ -95,8 +85,7 @@ class MarginalOracle:
                 raise StrategyError(f"internal error: candidate {r} needs {truth.size} "
                                     "finite estimates")
             scores[r] = float(np.abs(est - truth).sum()) - penalties[r]
-        eps = self._affordable(epsilon)
-        self.spent += eps
+        eps = self._spend(epsilon)
         return int(self._sampler.exponential(scores, eps, sensitivity=1.0))
 
     def measure(self, column_sets, epsilon) -> tuple[list, float]:
@@ -112,7 +101,7 @@ class MarginalOracle:
         b = laplace_scale(eps, sensitivity, flat.size)
         _refuse_if(laplace_shortfall(b, eps, sensitivity, flat.size),
                    "MWEM marginal measurement", after_charge=True)
-        self.spent += eps
+        eps = self._spend(eps)
         y, _ = self._sampler.laplace(flat, b, sensitivity=sensitivity, epsilon=eps)
         y = np.asarray(y, dtype=float)
         bounds = np.cumsum([0] + [v.size for v in values])

@@ -20,7 +20,34 @@ from dpsql.noise.laplace import laplace_shortfall
 from dpsql.workload.matrix import exact_l1_sensitivity
 
 
-class MeasureOracle:
+class Allowance:
+    """What an oracle may still spend of its run's charge, in exact :class:`~fractions.Fraction`
+    arithmetic: every step's ε is checked against it before the step computes anything, so
+    the steps of a run compose (basic composition) to at most the charged ε."""
+
+    def __init__(self, epsilon) -> None:
+        self.budget = Fraction(epsilon)
+        self.spent = Fraction(0)
+
+    def _affordable(self, epsilon) -> Fraction:
+        """The step's ε, exactly, if it fits in what is left (nothing is spent yet)."""
+        eps = Fraction(epsilon)
+        if eps <= 0:
+            raise StrategyError("internal error: a step must spend epsilon > 0")
+        if self.spent + eps > self.budget:
+            raise StrategyError(
+                f"internal error: the algorithm asked for more than its charged epsilon "
+                f"({float(self.spent + eps)!r} > {float(self.budget)!r}); refusing")
+        return eps
+
+    def _spend(self, epsilon) -> Fraction:
+        """Spend the step's ε (checked by :meth:`_affordable`); returns it exactly."""
+        eps = self._affordable(epsilon)
+        self.spent += eps
+        return eps
+
+
+class MeasureOracle(Allowance):
     """The measure callback of data-dependent algorithms: noisy answers, never the counts.
 
     Each call spends part of the charged ``epsilon`` (exact :class:`~fractions.Fraction`
@@ -46,31 +73,14 @@ class MeasureOracle:
     """
 
     def __init__(self, xs, sampler, epsilon: Fraction):
+        super().__init__(epsilon)
         self._xs = list(xs)
         self._sampler = sampler
-        self.budget = Fraction(epsilon)
-        self.spent = Fraction(0)
         self._cache: dict = {}
 
     def close(self) -> None:
         self._xs = []
         self._cache = {}
-
-    def _affordable(self, epsilon) -> Fraction:
-        """The step's ε, exactly, if it fits in what is left (nothing is spent yet)."""
-        eps = Fraction(epsilon)
-        if eps <= 0:
-            raise StrategyError("internal error: a measurement must spend epsilon > 0")
-        if self.spent + eps > self.budget:
-            raise StrategyError(
-                f"internal error: the algorithm asked for more than its charged epsilon "
-                f"({float(self.spent + eps)!r} > {float(self.budget)!r}); refusing")
-        return eps
-
-    def _spend(self, epsilon) -> Fraction:
-        eps = self._affordable(epsilon)
-        self.spent += eps
-        return eps
 
     def _verified_laplace(self, eps: Fraction, sensitivity: float, size: int,
                           what: str) -> float:

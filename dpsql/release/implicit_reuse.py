@@ -38,7 +38,7 @@ from dpsql.mechanisms.reuse import records as reuse_records
 from dpsql.mechanisms.reuse.records import marginal_records
 from dpsql.noise.accounting import PrivacyCost
 from dpsql.release.implicit import ImplicitPlan
-from dpsql.release.mechanism import Answers, Ask, Cost, Plan, Public, Shown
+from dpsql.release.mechanism import Answers, Ask, Cost, FreePlan, Plan, Public, Shown
 from dpsql.release.support import _request_params
 from dpsql.store.results import Candidate, Explanation
 
@@ -173,11 +173,7 @@ class ReusedImplicitPlan(ImplicitPlan):
         answers = np.where(self.use_old, self.past.answers(), new)
         halfwidth = np.where(self.use_old, self.past.halfwidths(), _spread(
             self.choice.halfwidth(self.explanation.sigma), self.fed, n, math.inf))
-        comment = None
-        if self.post[1]:
-            answers = np.rint(answers)
-            comment = ("dpsql post-processing: rounded to integers. stderr, ci_low and "
-                       "ci_high describe the unrounded estimate.")
+        answers, comment = _rounded(answers, self.post[1])
         stderr = self.explanation.stderr
         parts = [(out, answers, stderr, halfwidth) for out in self.whole.outputs]
         record = marginal_records(m.release_id, self.workload, self.choice.plan, m.y,
@@ -185,12 +181,10 @@ class ReusedImplicitPlan(ImplicitPlan):
         return Answers(parts, comment, record or None)
 
 
-@dataclass
-class FreeImplicitPlan(Plan):
-    """Every answer comes from past releases: nothing is measured, nothing is spent; the
-    release is still recorded (at zero cost) and its tables written like any other."""
-
-    answers: Answers | None = None
+class FreeImplicitPlan(FreePlan):
+    """Every answer comes from past releases (:class:`~dpsql.release.mechanism.FreePlan`'s
+    measure and infer: nothing is measured, nothing is spent; the release is still recorded
+    at zero cost), planned for a wide batch from the clique pools."""
 
     @classmethod
     def of(cls, ask, policy, queries, workload, past):
@@ -210,19 +204,15 @@ class FreeImplicitPlan(Plan):
                         reused_from=",".join(str(r) for r in past.release_ids)),
                    Shown(0.0, 0.0, "reuse", math.nan, rmse))
         if ask.release:
-            answers = past.answers()
-            comment = None
-            if ask.integer:
-                answers = np.rint(answers)
-                comment = ("dpsql post-processing: rounded to integers. stderr, ci_low and "
-                           "ci_high describe the unrounded estimate.")
+            answers, comment = _rounded(past.answers(), ask.integer)
             plan.answers = Answers([(out, answers, se, past.halfwidths())
                                     for out in workload.outputs], comment)
         return plan
 
-    def measure(self, handle):
-        handle.charge_only()
-        return None
 
-    def infer(self, measurements) -> Answers:
-        return self.answers
+def _rounded(answers, integer: bool):
+    """(answers, comment): the integer post-processing (free: it reads released values only)."""
+    if not integer:
+        return answers, None
+    return np.rint(answers), ("dpsql post-processing: rounded to integers. stderr, ci_low "
+                              "and ci_high describe the unrounded estimate.")

@@ -17,7 +17,7 @@ from dpsql.noise.accounting import PrivacyCost
 from dpsql.noise.gaussian import rounding_slack, zcdp_rho
 from dpsql.strategies.gaussian.dual import blas_threads
 from dpsql.workload.values import times_contribution
-from dpsql.release.mechanism import Answers, Ask, Cost, Plan, Public, Shown
+from dpsql.release.mechanism import Answers, Ask, Cost, FreePlan, Plan, Public, Shown
 from dpsql.release.support import _request_params
 
 
@@ -75,7 +75,7 @@ def _dense_plan(ask: Ask, public: Public, policy, queries, workload) -> Plan:
                 f"{float(eps):g} (delta = {float(ask.delta):g}, strategy "
                 f"{d.expl.strategy}); nothing was charged; pass confirm=True to spend it")
     params = _request_params(eps, ask.delta, ask.strategy, ask.calibration, "dp") | ask.flags
-    kind = FreePlan if d.new is None else MatrixPlan
+    kind = FreeMatrixPlan if d.new is None else MatrixPlan
     return kind.of(ask, public, policy, queries, workload, d, eps, params)
 
 
@@ -147,13 +147,8 @@ class MatrixPlan(Plan):
         return Answers(parts, comment, record)
 
 
-@dataclass
-class FreePlan(Plan):
-    """Every answer comes from past releases: nothing is measured, nothing is spent; the
-    release is still recorded (at zero cost) and its tables written like any other. The
-    answers are computed here, before the charge (public: released measurements only)."""
-
-    answers: Answers | None = None
+class FreeMatrixPlan(FreePlan):
+    """A dense batch answered wholly from past releases (:class:`FreePlan`)."""
 
     @classmethod
     def of(cls, ask, public, policy, queries, workload, d, eps, params):
@@ -172,13 +167,6 @@ class FreePlan(Plan):
             plan.answers = Answers([(out, answers, expl.stderr, halfwidth)
                                     for out in workload.outputs], comment)
         return plan
-
-    def measure(self, handle):
-        handle.charge_only()
-        return None
-
-    def infer(self, measurements) -> Answers:
-        return self.answers
 
 
 def _sources(d) -> str | None:

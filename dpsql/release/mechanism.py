@@ -219,3 +219,19 @@ class Plan:
 
     def infer(self, measurements) -> Answers:   # pragma: no cover - interface
         raise NotImplementedError
+
+
+@dataclass
+class FreePlan(Plan):
+    """Every answer comes from past releases: nothing is measured, nothing is spent; the
+    release is still recorded (at zero cost) and its tables written like any other. The
+    planner computes ``answers`` before the charge (public: released measurements only)."""
+
+    answers: Answers | None = None
+
+    def measure(self, handle):
+        handle.charge_only()
+        return None
+
+    def infer(self, measurements) -> Answers:
+        return self.answers
