@@ -81,6 +81,7 @@ class Point:
     cond: float        # upper bound on cond(X(w)); inf when X(w) has rank < n_support
     rescaled: float = math.inf   # tr(V X'⁻¹) for X' = D_x^-½ X(w) D_x^-½ (unit diagonal)
     exact: bool = True  # float64: low, h and rescaled are bounds (False: a direction only)
+    eigen: object = None  # callable -> (Q, r): M = Q diag(r²) Qᵀ, r floored (FullForm only)
 
 
 def roots(lam: np.ndarray) -> tuple[np.ndarray, float]:
@@ -140,8 +141,11 @@ class FullForm:
             Q = self._vectors([part[2] for part in parts])
             return (Q * np.sqrt(r)).T / (s * math.sqrt(h))   # Λ^¼ Qᵀ D^-½ / √h
 
+        def eigen() -> tuple[np.ndarray, np.ndarray]:
+            return self._vectors([part[2] for part in parts]), r
+
         return Point(sum(part[1] for part in parts), h, x, factor, cond, rescaled,
-                     exact=not single)
+                     exact=not single, eigen=eigen)
 
     def _block_scales(self, s):
         if not self.split:

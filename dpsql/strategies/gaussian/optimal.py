@@ -29,6 +29,13 @@ the returned strategy whatever the solver did. ``h`` is concave, ``∂h/∂w_j =
   the next ``w``: every bound comes from float64 steps. Three steps give a gap below 1e-6
   on all ranges. A Gram matrix invariant under reversing the cell order (ranges, many
   marginals) splits into half-size eigenproblems on (anti)symmetric vectors: four times cheaper.
+  Otherwise the steps are Newton's on ``log x(u) = 0`` (:mod:`~dpsql.strategies.gaussian.
+  newton`: the Jacobian from the step's own eigendecomposition, built once from the first
+  point, float32 included, and reused by chord steps while they converge, else rebuilt or
+  handed back to the fixed point): on 1,024 points + 1,500 random ranges, float32 at uniform,
+  Newton, float64, chord, float64 certifies a gap of ~5e-9 where the fixed point needed
+  five float64 steps (0.89-0.93 against 1.45-1.65 s of CPU, one BLAS thread, load 4.4 on
+  the 2-core machine).
 - rank ``r < n`` (``V = F Fᵀ``, e.g. few queries over many cells): every quantity comes from
   ``K = Fᵀ D F`` (``r x r``), and the many optimal weights that are 0 — where the fixed point
   crawls — are reached by L-BFGS-B on an equivalent bound-constrained concave program
@@ -59,6 +66,7 @@ import scipy.sparse as sp
 
 from dpsql.errors import StrategyError
 from dpsql.strategies.gaussian.dual import FactoredForm, FullForm, anderson, blas_threads, eigh
+from dpsql.strategies.gaussian.newton import Chord
 from dpsql.workload.matrix import Plan, WorkloadInfo, make_plan
 
 #: stop when the certified relative gap is at most this
@@ -126,7 +134,7 @@ def _form(workload: WorkloadInfo, symmetry: bool):
         raise StrategyError(f"the optimal strategy handles at most {MAX_CELLS} cells "
                             f"(dense eigenproblems); this batch uses {support.size}")
     scale = float(diag.max())
-    Vs = V[np.ix_(support, support)] / scale
+    Vs = V / scale if support.size == n else V[np.ix_(support, support)] / scale
     Vs = (Vs + Vs.T) / 2
     try:                                        # full rank? (a cheap test before eigh)
         L = la.cholesky(Vs, lower=True, check_finite=False)
@@ -179,46 +187,49 @@ def _start(n: int, support: np.ndarray, weights, split: bool) -> np.ndarray:
 
 
 def _ascend(form, w: np.ndarray, tol: float, max_iterations: int, single: bool = False):
-    """The fixed point ``w <- w x^γ`` (Anderson-mixed on log w, plain step when h drops),
-    one eigendecomposition per iteration, until the certified gap is ``<= tol`` or stalls.
-    ``single``: the first step (from uniform ``w``, far from the optimum) in float32; it
-    only moves ``w`` and is no bound. Returns (best (upper, w, point, rescaled), the largest
-    lower bound, iterations)."""
+    """Drive ``x`` to 1, one eigendecomposition per iteration, until the certified gap is
+    ``<= tol`` or stalls: Newton and chord steps (:class:`~dpsql.strategies.gaussian.newton.
+    Chord`) on a full ``V`` not split by symmetry, while they converge fast; else the fixed
+    point ``w <- w x^γ``, Anderson-mixed on log w; a plain step from the best w when h drops
+    (which also ends the Newton steps). ``single``: the first step (from uniform ``w``, far
+    from the optimum) in float32; it only moves ``w`` and is no bound. Returns (best (upper,
+    w, point, rescaled), the largest lower bound, iterations)."""
     u = np.log(np.maximum(w, 1e-300))
     u = np.maximum(u, u.max() - 600.0)
     hist_u, hist_r = [], []
     lower, best, anchor, gap = 0.0, None, None, math.inf
     stall = it = 0
+    chord = Chord() if isinstance(form, FullForm) and not form.split else None
     while it < max_iterations:
         it += 1
         w = np.exp(u - u.max())
         w /= w.sum()
         point = form.evaluate(w, True) if single and it == 1 else form.evaluate(w)
         x = np.maximum(point.x, 1e-300)
-        if not point.exact:                      # a direction only: the plain step
-            hist_u, hist_r = [np.log(w)], [GAMMA * np.log(x)]
-            u = anderson(hist_u, hist_r)
-            continue
-        lower = max(lower, point.low ** 2)
-        upper = min(point.h ** 2 * float(x.max()), point.rescaled)
-        if best is None or upper < best[0]:
-            best = (upper, w, point, upper == point.rescaled)
-        new_gap = best[0] / lower - 1
-        stall = stall + 1 if new_gap > 0.9 * gap else 0
-        gap = new_gap
-        if gap <= tol or stall >= 5:
-            break
-        if anchor is not None and point.h < anchor[0] * (1 - 1e-10):
-            hist_u, hist_r = [], []              # h went down: plain step from the best w
-            u = anchor[1] + np.log(anchor[2])
-            anchor = (-math.inf,) + anchor[1:]   # accept whatever that step gives
-            continue
-        if anchor is None or point.h >= anchor[0]:
-            anchor = (point.h, np.log(w), x)
+        if not point.exact:                      # a direction only: no bound, no history
+            hist_u, hist_r = [], []
+        else:
+            lower = max(lower, point.low ** 2)
+            upper = min(point.h ** 2 * float(x.max()), point.rescaled)
+            if best is None or upper < best[0]:
+                best = (upper, w, point, upper == point.rescaled)
+            new_gap = best[0] / lower - 1
+            stall = stall + 1 if new_gap > 0.9 * gap else 0
+            gap = new_gap
+            if gap <= tol or stall >= 5:
+                break
+            if anchor is not None and point.h < anchor[0] * (1 - 1e-10):
+                hist_u, hist_r, chord = [], [], None   # h went down: plain step from the best w
+                u = anchor[1] + np.log(anchor[2])
+                anchor = (-math.inf,) + anchor[1:]   # accept whatever that step gives
+                continue
+            if anchor is None or point.h >= anchor[0]:
+                anchor = (point.h, np.log(w), x)
         hist_u.append(np.log(w))
         hist_r.append(GAMMA * np.log(x))
         hist_u, hist_r = hist_u[-(AA_MEMORY + 1):], hist_r[-(AA_MEMORY + 1):]
-        u = anderson(hist_u, hist_r)
+        step = chord.step(point, w, x) if chord is not None else None
+        u = anderson(hist_u, hist_r) if step is None else np.log(w) + step
         if not np.all(np.isfinite(u)):
             raise StrategyError("the optimal strategy's dual iteration diverged")
         u = np.maximum(u, u.max() - 600.0)       # keep every weight representable
