@@ -26,6 +26,7 @@ from dpsql.store import selection_cache
 from dpsql.store import strategy_cache
 from dpsql.errors import StrategyError
 from dpsql.mechanisms import fit, halfwidths, matrix
+from dpsql.inference import least_squares
 from dpsql.inference.least_squares import LeastSquares
 from dpsql.store.results import Candidate, Explanation
 from dpsql.store.selection_cache import Evaluation
@@ -73,7 +74,8 @@ def evaluate(con, family: str, name: str, strategy, workload: Workload, auto: bo
     try:
         plan, seconds, cached, key = _plan_for(con, name, strategy, workload, family,
                                                predicted)
-        solver, factors = cancel.run(_solved, plan, workload.W, seconds=predicted)
+        solver, factors = cancel.run(_solved, plan, workload.W,
+                                     seconds=least_squares.solve_seconds(plan, workload.W))
     except StrategyError as exc:
         if not auto:
             raise
