@@ -29,7 +29,6 @@ from dpsql import cancel
 from dpsql.errors import StrategyError
 from dpsql.inference import runs
 from dpsql.workload import limits as planning
-from dpsql.workload import threads
 from dpsql.workload.matrix import Plan
 
 #: largest p * n * min(p, n) for which a dense SVD of A is attempted (about 10 s on 2 cores)
@@ -113,8 +112,7 @@ class LeastSquares:
             c, low = self._chol
             # squared norms of the columns of R⁻¹ Wᵀ (R the lower Cholesky factor), by
             # prefix sums of R⁻¹ over each row's runs of cells (:mod:`dpsql.inference.runs`)
-            with threads.one():
-                return runs.error_factors(c, low, W)
+            return runs.error_factors(c, low, W)
         self._check_support(W)
         _, s, Vt = self._svd
         B = np.asarray(W @ Vt.T) / s
@@ -183,11 +181,6 @@ def _factors(plan: Plan) -> tuple:
     """``(cholesky, svd)`` of ``plan.A``, one of them None: the Cholesky factor of ``AᵀA``
     when it is well conditioned (full column rank), else the thin SVD ``(U, s, Vt)`` over the
     nonzero singular values."""
-    with threads.one():
-        return _factorised(plan)
-
-
-def _factorised(plan: Plan) -> tuple:
     p, n = plan.A.shape
     if p >= n and n <= MAX_DENSE_CELLS:
         G = plan.A.T @ plan.A

@@ -17,8 +17,6 @@ from __future__ import annotations
 import numpy as np
 import scipy.linalg as la
 
-from dpsql.workload import threads
-
 
 def svdb(V, n: int | None = None) -> float:
     """``(Σᵢ √λᵢ)² / n`` over the eigenvalues ``λᵢ`` of the Gram matrix ``V`` (dense, n x n).
@@ -36,8 +34,7 @@ def svdb(V, n: int | None = None) -> float:
         raise ValueError("svdb: the Gram matrix has non-finite entries")
     if V.size == 0:
         return 0.0
-    with threads.one():
-        lam = la.eigvalsh((V + V.T) / 2, check_finite=False)
+    lam = la.eigvalsh((V + V.T) / 2, check_finite=False)
     return svdb_from_eigenvalues(lam, n)
 
 
