@@ -165,7 +165,8 @@ def explain_seconds(sql: list, n: int) -> tuple[float, dict]:
     The CPU seconds count this process and the forked workers (:func:`dpsql.cancel.run`)
     that compute the long numerical steps, which ``time.process_time`` alone does not see:
     phases are ``parse`` (SQL to IR), ``compile`` (IR to the workload), ``svdb``, ``optimal``
-    (the solver's worker) and ``least squares`` (the factorisation and error factors)."""
+    (the solver's worker) and ``least squares`` (the factorisation and error factors), each
+    timed inline or, when predicted long, with its forked worker."""
     import tempfile
 
     import duckdb

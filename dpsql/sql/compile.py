@@ -177,9 +177,9 @@ def compile_parts(queries: list[Query], policy) -> Parts:
     _check_one_table(queries)
     used, grouped_columns, unit_truth = _conditions(queries, policy)
     partitions = []
-    by_column: dict = {}               # every key is a one-column condition: its first atom's
+    by_column: dict = {}               # every key is a one-column condition
     for (sub, _), t in unit_truth.items():
-        by_column.setdefault(grouped.atoms(sub, [])[0].column, []).append(t)
+        by_column.setdefault(grouped.first_column(sub), []).append(t)
     for c in used:
         dom = policy.column(c)
         signature = list(by_column.get(c, ()))

@@ -107,6 +107,19 @@ def atoms(pred, out: list) -> list:
     return out
 
 
+def first_column(pred) -> str | None:
+    """The column of ``pred``'s first atom (depth first), None without one."""
+    kind = type(pred)
+    if kind is Atom:
+        return pred.column
+    if kind is BoolOp:
+        for child in pred.children:
+            found = first_column(child)
+            if found is not None:
+                return found
+    return None
+
+
 def _chunk(members: list, sh, parts: list, policy, unit_truth: dict) -> None:
     atoms_of = [atoms(q.where, []) for q in members]
     mats = [_atom_rows([a[i] for a in atoms_of], policy) for i in range(len(atoms_of[0]))]
