@@ -38,6 +38,7 @@ the seconds are inflated.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import math
 import os
@@ -164,13 +165,15 @@ def explain_seconds(sql: list, n: int) -> tuple[float, dict]:
     The CPU seconds count this process and the forked workers (:func:`dpsql.cancel.run`)
     that compute the long numerical steps, which ``time.process_time`` alone does not see:
     phases are ``parse`` (SQL to IR), ``compile`` (IR to the workload), ``svdb``, ``optimal``
-    (the solver's worker) and ``least squares`` (the factorisation and error factors)."""
+    (the solver's worker) and ``least squares`` (the factorisation and error factors), each
+    timed inline or, when predicted long, with its forked worker."""
     import tempfile
 
     import duckdb
 
     import dpsql
     from dpsql import cancel
+    from dpsql.mechanisms import halfwidths, selection
     from dpsql.release import mechanism
     from dpsql.sql import memo
     path = os.path.join(tempfile.mkdtemp(prefix="dpsql-bench-"), "e.duckdb")
@@ -189,6 +192,7 @@ def explain_seconds(sql: list, n: int) -> tuple[float, dict]:
         return t.user + t.system + t.children_user + t.children_system
 
     def timed(label, fn):
+        @functools.wraps(fn)        # a worker running it is named after it (names, below)
         def wrapper(*args, **kwargs):
             t = cpu()
             try:
@@ -197,8 +201,13 @@ def explain_seconds(sql: list, n: int) -> tuple[float, dict]:
                 label_ = label if isinstance(label, str) else label(args)
                 phases[label_] = phases.get(label_, 0.0) + cpu() - t
         return wrapper
-    saved = [(cancel, "_in_worker"), (mechanism, "parse_request"), (memo, "compiled")]
+    saved = [(cancel, "_in_worker"), (mechanism, "parse_request"), (memo, "compiled"),
+             (halfwidths, "svdb"), (selection, "_solved")]
     originals = [getattr(m, a) for m, a in saved]
+    # inline (predicted short), the bound and the least squares are timed here; in a worker,
+    # by the worker's wrapper below (the child's own timing stays in the child)
+    halfwidths.svdb = timed("svdb", halfwidths.svdb)
+    selection._solved = timed("least squares", selection._solved)
     cancel._in_worker = timed(lambda a: names.get(getattr(a[0], "__name__", ""), "worker"),
                               cancel._in_worker)
     mechanism.parse_request = timed("parse", mechanism.parse_request)

@@ -27,6 +27,7 @@ import scipy.sparse as sp
 
 from dpsql import cancel
 from dpsql.errors import StrategyError
+from dpsql.inference import runs
 from dpsql.workload import limits as planning
 from dpsql.workload.matrix import Plan
 
@@ -109,9 +110,9 @@ class LeastSquares:
             return np.asarray(Ws.multiply(Ws).sum(axis=1), dtype=float).reshape(-1)
         if self._chol is not None:
             c, low = self._chol
-            # rows of W R^-T: solve R B = W^T (R lower-triangular Cholesky factor)
-            B = la.solve_triangular(c, _dense(W).T, lower=low, check_finite=False)
-            return (B ** 2).sum(axis=0)
+            # squared norms of the columns of R⁻¹ Wᵀ (R the lower Cholesky factor), by
+            # prefix sums of R⁻¹ over each row's runs of cells (:mod:`dpsql.inference.runs`)
+            return runs.error_factors(c, low, W)
         self._check_support(W)
         _, s, Vt = self._svd
         B = np.asarray(W @ Vt.T) / s
@@ -165,6 +166,15 @@ def factorise_seconds(A) -> float:
                 else 2.0 * p * n * n / planning.FLOPS)
         return gram + n ** 3 / 3.0 / planning.FLOPS
     return 15.0 * p * n * min(p, n) / planning.FLOPS
+
+
+def solve_seconds(plan: Plan, W) -> float:
+    """Predicted seconds of a plan's solver and the error factors of ``W``'s ``m`` rows:
+    :func:`factorise_seconds` and, as an upper bound, a dense solve of every row (``m·n²``;
+    :mod:`dpsql.inference.runs` makes most count queries' rows ``O(n)``)."""
+    if plan.A is None:
+        return 0.0
+    return factorise_seconds(plan.A) + float(W.shape[0]) * plan.n * plan.n / planning.FLOPS
 
 
 def _factors(plan: Plan) -> tuple:

@@ -26,6 +26,7 @@ from dpsql.store import selection_cache
 from dpsql.store import strategy_cache
 from dpsql.errors import StrategyError
 from dpsql.mechanisms import fit, halfwidths, matrix
+from dpsql.inference import least_squares
 from dpsql.inference.least_squares import LeastSquares
 from dpsql.store.results import Candidate, Explanation
 from dpsql.store.selection_cache import Evaluation
@@ -39,22 +40,23 @@ MAX_STORED_FACTOR = 4096
 
 def _plan_for(con, name: str, strategy, workload: Workload, family: str,
               predicted: float = 0.0):
-    """(plan, seconds, cached, key): the strategy's plan, from the strategy cache when it is
-    costly, and its key in that cache (None when not cached). A plan ``predicted`` to take
-    long is computed in a killable worker (:func:`dpsql.cancel.run`)."""
+    """(plan, seconds, cached, key, digest): the strategy's plan, from the strategy cache
+    when it is costly, its key in that cache (None when not cached) and, when stored here,
+    its matrix's digest. A plan ``predicted`` to take long is computed in a killable worker
+    (:func:`dpsql.cancel.run`)."""
     info = matrix.workload_info(workload)
     started = time.perf_counter()
-    key = None
+    key = digest = None
     if getattr(strategy, "cacheable", False) and con is not None:
         key = strategy_cache.fingerprint(name, strategy, info, family)
         plan = strategy_cache.load(con, key)
         if plan is not None:
-            return plan, time.perf_counter() - started, True, key
+            return plan, time.perf_counter() - started, True, key, None
     plan = cancel.run(strategy.plan, info, seconds=predicted)
     seconds = time.perf_counter() - started
     if key is not None:
-        strategy_cache.store(con, key, plan, seconds)
-    return plan, seconds, False, key
+        digest = strategy_cache.store(con, key, plan, seconds)
+    return plan, seconds, False, key, digest
 
 
 def evaluate(con, family: str, name: str, strategy, workload: Workload, auto: bool,
@@ -71,9 +73,10 @@ def evaluate(con, family: str, name: str, strategy, workload: Workload, auto: bo
                                f"the {AUTO_TIME_LIMIT:.0f} s limit (ask for it by name)")
     predicted = fit.predicted(workload, family, name, strategy).seconds
     try:
-        plan, seconds, cached, key = _plan_for(con, name, strategy, workload, family,
-                                               predicted)
-        solver, factors = cancel.run(_solved, plan, workload.W, seconds=predicted)
+        plan, seconds, cached, key, digest = _plan_for(con, name, strategy, workload,
+                                                       family, predicted)
+        solver, factors = cancel.run(_solved, plan, workload.W,
+                                     seconds=least_squares.solve_seconds(plan, workload.W))
     except StrategyError as exc:
         if not auto:
             raise
@@ -86,7 +89,7 @@ def evaluate(con, family: str, name: str, strategy, workload: Workload, auto: bo
     if key is None and plan.A is not None and w_hash is not None:
         key = strategy_cache.rows_fingerprint(name, strategy, w_hash, workload.shape, family)
     return Evaluation(family, name, factors, plan, seconds=seconds, cached=cached,
-                      plan_key=key, solver=solver)
+                      plan_key=key, solver=solver, digest=digest)
 
 
 def _solved(plan, W) -> tuple:
@@ -250,7 +253,9 @@ def _remember(con, where, workload: Workload, total: float, evals, chosen: int) 
         return
     e = evals[chosen]
     if e.plan_key is not None:
-        if strategy_cache.has(con, e.plan_key):
+        if e.digest is not None:             # stored by this request (_plan_for)
+            digest = e.digest
+        elif strategy_cache.has(con, e.plan_key):
             digest = strategy_cache.digest(e.plan)
         else:
             digest = strategy_cache.store(con, e.plan_key, e.plan, e.seconds)

@@ -222,18 +222,20 @@ def statement_tokens(text: str, room: int) -> list | None:
 
 
 def statements(sql: str, parts: list, parse_chunk, cache: dict, copy: bool = True):
-    """Yield ``(tree, its DuckDB text or None)`` for the statements ``parts`` of ``sql``,
-    each shape parsed once by ``parse_chunk(tokens, sql)`` (one tree); ``cache`` maps shapes
-    to templates across the texts of one batch; ``copy``: see :func:`instantiate` (the text
-    is given for in-place instantiations only: a copy may be changed by its caller)."""
+    """Yield ``(tree, its DuckDB text or None, its shape's Template or None)`` for the
+    statements ``parts`` of ``sql``, each shape parsed once by ``parse_chunk(tokens, sql)``
+    (one tree); ``cache`` maps shapes to templates across the texts of one batch; ``copy``:
+    see :func:`instantiate` (the text is given for in-place instantiations only: a copy may
+    be changed by its caller). A shape's first statement, parsed, comes with the template
+    made from it: its tree has the template's structure, node for node."""
     for chunk in parts:
         key = shape(chunk)
         found = cache.get(key) if key is not None else None
         if found:
             tree = instantiate(found, chunk, copy)
-            yield tree, None if copy else text(found)
+            yield tree, None if copy else text(found), found
             continue
         tree = parse_chunk(chunk, sql)
         if key is not None and key not in cache:
             cache[key] = template(tree.copy(), chunk) or False
-        yield tree, None
+        yield tree, None, (cache[key] or None) if key is not None else None

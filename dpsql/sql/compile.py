@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import itertools
 import json
 import math
 from dataclasses import dataclass
@@ -35,10 +34,12 @@ from dpsql import cancel
 from dpsql.workload.units import FALSE, TRUE
 from dpsql.errors import UnsupportedQueryError
 from dpsql.workload import limits as planning
-from dpsql.sql.conditions import (_atom_truth, _atoms, _broadcast, _columns, _combine, _key,
+from dpsql.sql.conditions import (_atom_truth, _atoms, _broadcast, _columns, _key,
                                   _kleene, _single_column_parts)
+from dpsql.sql import grouped
+from dpsql.sql.cells import statement_rows
 from dpsql.sql.expand import assemble, expand
-from dpsql.sql.ir import Const, Predicate, Query
+from dpsql.sql.ir import Predicate, Query
 
 #: the largest number of cells one batch may use (the product of the parts)
 MAX_CELLS = 4_000_000
@@ -54,19 +55,6 @@ class ColumnPartition:
     unit_to_part: np.ndarray   # int64, one entry per unit
     n_parts: int
     part_units: tuple          # tuple of tuples of units, per part
-
-
-@dataclass(frozen=True)
-class Output:
-    """Where one statement's answers sit in ``W``, and their group keys."""
-
-    query: Query
-    start: int                 # first row in W
-    stop: int                  # one past the last row
-    key_columns: tuple         # output names of the key columns
-    key_sources: tuple         # source columns of the key columns
-    keys: tuple                # per row: tuple of key values (None when rolled up or NULL)
-    grouping_ids: tuple | None  # per row, when the statement has several grouping sets
 
 
 @dataclass(frozen=True)
@@ -112,13 +100,13 @@ class Parts:
         return {p.column: i for i, p in enumerate(self.partitions)}
 
     @functools.cached_property
-    def _first_units(self) -> dict:     # each part's first unit, per column (asked per query)
+    def first_units(self) -> dict:      # each part's first unit, per column (asked per query)
         return {p.column: np.array([u[0] for u in p.part_units]) for p in self.partitions}
 
     def part_truth(self, sub: Predicate, negated: bool = False, column=None) -> np.ndarray:
         """Truth of a one-column condition on each part of its column (constant on a part)."""
         c = next(iter(_columns(sub))) if column is None else column
-        return self.unit_truth[(sub, negated)][self._first_units[c]]
+        return self.unit_truth[(sub, negated)][self.first_units[c]]
 
 
 def _check_one_table(queries: list[Query]) -> None:
@@ -131,14 +119,31 @@ def _check_one_table(queries: list[Query]) -> None:
 
 def _conditions(queries: list[Query], policy) -> tuple[list, set, dict]:
     """Step 1: the used columns (policy order), the grouped ones, and each one-column
-    sub-condition's truth per unit (Kleene; TRUE vs not-TRUE unless under a NOT)."""
+    sub-condition's truth per unit (Kleene; TRUE vs not-TRUE unless under a NOT): shape by
+    shape (:mod:`dpsql.sql.grouped`), or statement by statement when a condition fails (to
+    raise the first statement's error)."""
+    shapes = grouped.groups(queries)
+    used: set[str] = set().union(*(grouped.shape_columns(sh) for sh in shapes if sh))
+    grouped_columns: set[str] = set()
+    for count_column, sets in {(q.count_column, q.grouping_sets) for q in queries}:
+        if count_column is not None:
+            used.add(count_column)
+        for gs in sets:
+            used.update(gs)
+            grouped_columns.update(gs)
+    unit_truth = grouped.conditions(shapes, policy)
+    if unit_truth is None:
+        unit_truth = unit_truth_per_statement(queries, policy)
+    return sorted(used, key=policy.column_names.index), grouped_columns, unit_truth
+
+
+def unit_truth_per_statement(queries: list[Query], policy) -> dict:
+    """Step 1's truth per unit, statement by statement (the definition :mod:`grouped`
+    follows; it raises the first statement's error)."""
     atom_truth: dict[tuple, np.ndarray] = {}
     unit_truth: dict[tuple, np.ndarray] = {}
-    used: set[str] = set()
-    grouped: set[str] = set()
     for q in cancel.checked(queries):
         for a in _atoms(q.where):
-            used.add(a.column)
             if _key(a) not in atom_truth:
                 atom_truth[_key(a)] = _atom_truth(a, policy.column(a.column))
         for c, sub, negated in _single_column_parts(q.where):
@@ -148,12 +153,7 @@ def _conditions(queries: list[Query], policy) -> tuple[list, set, dict]:
                 if not negated:
                     truth = np.where(truth == TRUE, TRUE, FALSE).astype(np.int8)
                 unit_truth[(sub, negated)] = truth
-        if q.count_column is not None:
-            used.add(q.count_column)
-        for gs in q.grouping_sets:
-            used.update(gs)
-            grouped.update(gs)
-    return sorted(used, key=policy.column_names.index), grouped, unit_truth
+    return unit_truth
 
 
 def _partition(c: str, dom, signature: list) -> ColumnPartition:
@@ -175,91 +175,22 @@ def _partition(c: str, dom, signature: list) -> ColumnPartition:
 def compile_parts(queries: list[Query], policy) -> Parts:
     """Steps 1–2: the coarsest partition of every used column (no cells, no ``W``)."""
     _check_one_table(queries)
-    used, grouped, unit_truth = _conditions(queries, policy)
+    used, grouped_columns, unit_truth = _conditions(queries, policy)
     partitions = []
+    by_column: dict = {}               # every key is a one-column condition
+    for (sub, _), t in unit_truth.items():
+        by_column.setdefault(grouped.first_column(sub), []).append(t)
     for c in used:
         dom = policy.column(c)
-        signature = [t for (sub, _), t in unit_truth.items() if _columns(sub) == {c}]
+        signature = list(by_column.get(c, ()))
         if any(q.count_column == c for q in queries):
             signature.append(dom.is_null())
-        if c in grouped:
+        if c in grouped_columns:
             gid = np.full(dom.n_units, -1, dtype=np.int64)
             gid[dom.group_units()] = np.arange(len(dom.group_units()))
             signature.append(gid)
         partitions.append(_partition(c, dom, signature))
     return Parts(tuple(partitions), unit_truth)
-
-
-def group_rows(policy, parts: Parts, gs: tuple) -> tuple[list, list]:
-    """Per column of a grouping set (in ``gs`` order): each part's group position (-1 when
-    the part is no group: implicit ``other``/NULL not returned), and the group keys."""
-    positions, keys = [], []
-    for c in gs:
-        dom = policy.column(c)
-        p = parts.partitions[parts.index[c]]
-        gunits = dom.group_units()
-        pos = np.full(p.n_parts, -1, dtype=np.int64)
-        for gpos, u in enumerate(gunits):
-            pos[p.unit_to_part[u]] = gpos
-        positions.append(pos)
-        keys.append([dom.group_key(u) for u in gunits])
-    return positions, keys
-
-
-def output_keys(q: Query, gs: tuple, per_col_keys: list) -> tuple[list, int]:
-    """The key tuples of one grouping set's rows (C order over ``gs``) and its grouping id."""
-    key_sources = tuple(s for s, _ in q.key_columns)
-    gid = sum(1 << (len(key_sources) - 1 - i) for i, s in enumerate(key_sources) if s not in gs)
-    keys = []
-    for combo in cancel.checked(_product(per_col_keys), every=4096):
-        value = dict(zip(gs, combo))
-        keys.append(tuple(value.get(s) for s in key_sources))
-    return keys, gid
-
-
-def make_output(q: Query, start: int, stop: int, keys: list, gids: list) -> Output:
-    return Output(q, start, stop, tuple(o for _, o in q.key_columns),
-                  tuple(s for s, _ in q.key_columns), tuple(keys),
-                  tuple(gids) if len(q.grouping_sets) > 1 else None)
-
-
-class _Cells:
-    """Truth of conditions on the dense cell product (C order over the used columns)."""
-
-    def __init__(self, parts: Parts):
-        self.parts, self.shape, self.index = parts, parts.shape, parts.index
-
-    def broadcast(self, col: str, per_part: np.ndarray) -> np.ndarray:
-        shp = [1] * len(self.shape)
-        shp[self.index[col]] = self.shape[self.index[col]]
-        return per_part.reshape(shp)
-
-    def evaluate(self, pred: Predicate | None, negated: bool = False) -> np.ndarray:
-        """Truth per cell; one-column sub-conditions are constant on each part."""
-        shape = self.shape
-        if pred is None:
-            return np.full(shape, TRUE, dtype=np.int8)
-        if isinstance(pred, Const):
-            return np.full(shape, TRUE if pred.value else FALSE, dtype=np.int8)
-        cols = _columns(pred)
-        if len(cols) == 1:
-            c = next(iter(cols))
-            return _broadcast(self.broadcast(c, self.parts.part_truth(pred, negated, c)),
-                              shape)
-        if pred.op == "not":
-            return (TRUE - self.evaluate(pred.children[0], True)).astype(np.int8)
-        out = _combine(pred.op, [self.evaluate(ch, negated) for ch in pred.children])
-        return _broadcast(out, shape)
-
-    def selected(self, q: Query, policy) -> np.ndarray:
-        """Indices of the cells a query counts (its WHERE, and COUNT(col) not NULL)."""
-        mask = self.evaluate(q.where) == TRUE
-        if q.count_column is not None:
-            dom = policy.column(q.count_column)
-            p = self.parts.partitions[self.index[q.count_column]]
-            notnull = (TRUE - dom.is_null())[[u[0] for u in p.part_units]]
-            mask = mask & (self.broadcast(q.count_column, notnull) == TRUE)
-        return np.flatnonzero(_broadcast(mask, self.shape).reshape(-1))
 
 
 def _check_cells(parts: Parts) -> None:
@@ -268,31 +199,6 @@ def _check_cells(parts: Parts) -> None:
             f"this batch needs {parts.n_cells:,} cells (parts per column: "
             + ", ".join(f"{p.column}={p.n_parts}" for p in parts.partitions)
             + f"), more than the limit of {MAX_CELLS:,}; split the batch or use fewer columns")
-
-
-def _query_rows(q: Query, policy, cells: _Cells, m: int):
-    """(row indices, cell indices, Output) of one statement's rows of ``W`` from row ``m``."""
-    shape = cells.shape
-    selected = cells.selected(q, policy)
-    rows, cols, keys, gids = [], [], [], []
-    start = m
-    for gs in q.grouping_sets:
-        positions, per_col_keys = group_rows(policy, cells.parts, gs)
-        group_index = np.zeros(shape, dtype=np.int64)
-        valid = np.ones(shape, dtype=bool)
-        for c, pos in zip(gs, positions):
-            b = cells.broadcast(c, pos)
-            valid = valid & (b >= 0)
-            group_index = group_index * len(per_col_keys[gs.index(c)]) + np.maximum(b, 0)
-        gi = _broadcast(group_index, shape).reshape(-1)[selected]
-        ok = _broadcast(valid, shape).reshape(-1)[selected]
-        rows.append(m + gi[ok])
-        cols.append(selected[ok])
-        set_keys, gid = output_keys(q, gs, per_col_keys)
-        keys += set_keys
-        gids += [gid] * len(set_keys)
-        m += len(set_keys)
-    return rows, cols, make_output(q, start, m, keys, gids)
 
 
 @planning.refuse_out_of_memory
@@ -308,14 +214,7 @@ def compile_workload(queries: list[Query], policy) -> Workload:
 def dense_workload(queries: list[Query], policy, parts: Parts) -> Workload:
     """Step 3: ``W`` on the product of ``parts`` (refused above :data:`MAX_CELLS` cells)."""
     _check_cells(parts)
-    cells = _Cells(parts)
-    rows_idx, cols_idx, outputs, m = [], [], [], 0
-    for q in cancel.checked(queries):
-        rows, cols, out = _query_rows(q, policy, cells, m)
-        rows_idx += rows
-        cols_idx += cols
-        outputs.append(out)
-        m = out.stop
+    rows_idx, cols_idx, outputs, m = statement_rows(queries, policy, parts)
     rows = np.concatenate(rows_idx) if rows_idx else np.zeros(0, dtype=np.int64)
     cols = np.concatenate(cols_idx) if cols_idx else np.zeros(0, dtype=np.int64)
     if len(rows) > MAX_NONZEROS:
@@ -343,13 +242,6 @@ def workload_hash(W) -> str:
         h.update(np.ascontiguousarray(part).tobytes())
         h.update(b"|")
     return h.hexdigest()
-
-
-def _product(lists):
-    if not lists:
-        yield ()
-        return
-    yield from itertools.product(*lists)
 
 
 def query_columns(q: Query) -> frozenset:

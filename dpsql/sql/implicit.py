@@ -33,8 +33,8 @@ import numpy as np
 
 from dpsql import cancel
 from dpsql.errors import UnsupportedQueryError
-from dpsql.sql.compile import (MAX_CELLS, Parts, compile_parts, dense_workload, group_rows,
-                               make_output, output_keys)
+from dpsql.sql.cells import group_rows, make_output, output_keys
+from dpsql.sql.compile import MAX_CELLS, Parts, compile_parts, dense_workload
 from dpsql.sql.conditions import _columns
 from dpsql.sql.expand import assemble, expand
 from dpsql.sql.ir import Const, Predicate, Query

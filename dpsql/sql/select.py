@@ -68,6 +68,18 @@ def _select(index, select: exp.Select, target, replace, text, resolve_table) -> 
     return query if join is None else join.rewrite(query)
 
 
+def where_reader(select: exp.Select, resolve_table):
+    """``read(select)``: the WHERE of a statement with this one's FROM, as :func:`_select`
+    reads it (the same column resolver); None when the statement joins public tables
+    (their columns resolve, and their conditions rewrite, through the join)."""
+    if select.args.get("joins"):
+        return None
+    table, qualifiers = _from_table(select)
+    table_name = table.name.lower()
+    column_name = _column_resolver(table_name, resolve_table(table_name, table), qualifiers)
+    return lambda other: _where(other, column_name)
+
+
 # --------------------------------------------------------------------------- CREATE TABLE
 
 

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from dpsql.sql.compile import ColumnPartition, Output, Workload
+from dpsql.sql.cells import Output
+from dpsql.sql.compile import ColumnPartition, Workload
 from dpsql.workload.values import merge_cells, merged_cells
 
 

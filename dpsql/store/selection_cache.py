@@ -91,6 +91,7 @@ class Evaluation:
     status: str = "ok"                               # ok, skipped, error
     plan_key: str | None = None                      # its matrix in the strategy cache
     solver: object = field(default=None, repr=False)
+    digest: str | None = None                        # the matrix's, when this request stored it
 
 
 def cached_hash(workload) -> str:

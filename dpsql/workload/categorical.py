@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,6 +109,26 @@ class CategoricalDomain(_Units):
         if self.nullable:
             out[self.null_unit] = UNKNOWN
         return out
+
+    def compare_many(self, op: str, values: list) -> np.ndarray | None:
+        """:meth:`compare` of many declared literals at once (one row each), or None when
+        one is not declared or of the wrong kind (then :meth:`compare` says why)."""
+        if op not in ("=", "<>"):
+            return None
+        want = str if isinstance(self.values[0], str) else int
+        index = self._index
+        if any(type(v) is not want or v not in index for v in values):
+            return None
+        eq = np.full((len(values), self.n_units), FALSE, dtype=np.int8)
+        eq[np.arange(len(values)), [index[v] for v in values]] = TRUE
+        out = eq if op == "=" else (TRUE - eq).astype(np.int8)
+        if self.nullable:
+            out[:, self.null_unit] = UNKNOWN
+        return out
+
+    @functools.cached_property
+    def _index(self) -> dict:
+        return {v: i for i, v in enumerate(self.values)}
 
     def describe(self) -> dict:
         return {"type": "categorical", "values": list(self.values), "nullable": self.nullable}

@@ -62,6 +62,12 @@ class _OrderedDomain(_Units):
         out[: self.n_value_units] = np.where(true_if, TRUE, FALSE)
         return out
 
+    def compare_many(self, op: str, values: list) -> np.ndarray | None:
+        """:meth:`compare` of many literals at once (one row each), or None when this kind,
+        operator or literal is not vectorised or some literal splits a unit (then
+        :meth:`compare`, literal by literal, says why)."""
+        return None
+
 
 @functools.lru_cache(maxsize=64)
 def _unit_bounds(lo: int, hi: int, step: int) -> tuple[np.ndarray, np.ndarray]:
@@ -139,6 +145,39 @@ class IntegerDomain(_OrderedDomain):
             ">": (lo > f_c, hi <= f_c),
             ">=": (lo >= c_c, hi < c_c),
         }[op]
+
+    def compare_many(self, op: str, values: list) -> np.ndarray | None:
+        """:meth:`compare` of plain integer literals (exactly: integers compare with the
+        units' first and last integers as in :meth:`_truth`), one row per literal."""
+        lim = 2 ** 62
+        if op not in ("=", "<>", "<", "<=", ">", ">=") or \
+                any(type(v) is not int or not -lim <= v <= lim for v in values):
+            return None
+        if op == "<>":
+            eq = self.compare_many("=", values)
+            if eq is None:
+                return None
+            out = (TRUE - eq).astype(np.int8)
+            if self.nullable:
+                out[:, self.null_unit] = UNKNOWN
+            return out
+        lo, hi = _unit_bounds(self.min, self.max, self.step)
+        c = np.fromiter(values, dtype=np.int64, count=len(values))[:, None]
+        if op == "=":
+            true_if, false_if = (lo == c) & (hi == c), (hi < c) | (lo > c)
+        elif op == "<":
+            true_if, false_if = hi < c, lo >= c
+        elif op == "<=":
+            true_if, false_if = hi <= c, lo > c
+        elif op == ">":
+            true_if, false_if = lo > c, hi <= c
+        else:
+            true_if, false_if = lo >= c, hi < c
+        if not (true_if | false_if).all():
+            return None
+        out = np.full((len(values), self.n_units), UNKNOWN, dtype=np.int8)
+        out[:, : self.n_value_units] = np.where(true_if, TRUE, FALSE)
+        return out
 
     def _bounds(self, unit: int):
         lo = self.min + unit * self.step

@@ -149,3 +149,61 @@ def test_absurd_batches_are_refused_before_parsing(monkeypatch):
     monkeypatch.setattr(parse, "MAX_SQL_CHARS", 100)
     with pytest.raises(ParseError, match="characters, more than the limit of 100"):
         split_statements("SELECT COUNT(*) FROM t WHERE " + " AND ".join(["a = 1"] * 20))
+
+
+RECIPE_SHAPES = SHAPES + [
+    "SELECT QUANTILE_CONT(age, 0.{b}) FROM t WHERE age > {a}",     # a literal outside WHERE
+    "SELECT sex, SUM(CLAMP(age, {a}, 100)) FROM t GROUP BY sex",
+    "SELECT COUNT(*) FROM t",
+    "CREATE OR REPLACE TABLE q AS SELECT COUNT(*) AS n FROM t AS x WHERE x.age = {a}",
+]
+
+
+def _recipe_statements(seed: int, n: int) -> list[str]:
+    rng = random.Random(seed)
+    words = ["'a b'", "'it''s'", "'c'", "'zz'"]
+    return [rng.choice(RECIPE_SHAPES).format(a=rng.randint(17, 60), b=rng.randint(1, 9),
+                                             s=rng.choice(words), s2=rng.choice(words))
+            for _ in range(n)]
+
+
+@pytest.mark.parametrize("joined", [None, ";\n"])
+def test_statements_of_a_shape_built_from_their_where_equal_the_full_parse(joined,
+                                                                          monkeypatch):
+    policy = table_policy_from_spec("t", SPEC)
+    texts = _recipe_statements(5, 400)
+    given = joined.join(texts) if joined else texts
+    built = []
+    real = parse._recipe
+
+    def spy(shape, query, resolve_table):
+        recipe = real(shape, query, resolve_table)
+        built.append(bool(recipe))
+        return recipe
+    monkeypatch.setattr(parse, "_recipe", spy)
+    fast = parse_batch(given, lambda name, node: policy)
+    assert True in built and False in built       # some shapes have literals elsewhere
+    monkeypatch.setattr(parse, "_recipe", lambda *args: False)
+    slow = parse_batch(given, lambda name, node: policy)
+    assert fast == slow
+    assert [q.sql for q in fast] == [q.sql for q in slow]
+
+
+def test_a_later_statement_of_a_shape_is_refused_as_in_the_full_parse(monkeypatch):
+    policy = table_policy_from_spec("t", SPEC)
+    good = "SELECT COUNT(*) FROM t WHERE age = 17 AND sex = 'M'"
+    bad = "SELECT COUNT(*) FROM t WHERE age = 17 AND nope = 'M'"
+    errors = []
+    for recipes in (True, False):
+        if not recipes:
+            monkeypatch.setattr(parse, "_recipe", lambda *args: False)
+        for sql in ([good, good, "SELECT COUNT(*) FROM t WHERE age = 1e999 AND sex = 'F'"],
+                    ";\n".join([good, good, "SELECT COUNT(*) FROM t WHERE age = 18 AND sex = 1"
+                                " AND age = 1e999"])):
+            with pytest.raises(UnsupportedQueryError) as caught:
+                parse_batch(sql, lambda name, node: policy)
+            errors.append(str(caught.value))
+        with pytest.raises(UnsupportedQueryError) as caught:
+            parse_batch([good, bad], lambda name, node: policy)
+        errors.append(str(caught.value))
+    assert errors[:3] == errors[3:]
