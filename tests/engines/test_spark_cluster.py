@@ -23,10 +23,13 @@ import pytest
 
 import dpsql
 
-from ..conftest import ADULT_POLICY, raw_adult_file
+from ..conftest import ADULT_POLICY, SPARK_PARTITIONS, raw_adult_file
 
 pytestmark = pytest.mark.spark      # in the default run and CI; skip locally with -m 'not spark'
 
+#: how ``pyspark`` launches the run's driver JVM (``spark-submit``): the shuffle's partition
+#: count of the test session (tests/conftest.py)
+SUBMIT_ARGS = f"--conf spark.sql.shuffle.partitions={SPARK_PARTITIONS} pyspark-shell"
 BATCH = "SELECT sex, COUNT(*) FROM adult GROUP BY sex;\n" \
         "SELECT race, income, COUNT(*) FROM adult WHERE age >= 40 GROUP BY race, income;\n"
 
@@ -76,8 +79,12 @@ def test_a_local_cluster_answers_a_batch_and_stops(spark_session, tmp_path):
     cli = [sys.executable, "-m", "dpsql", "run", path, str(tmp_path / "batch.sql"),
            "--epsilon", "50", "--delta", "1e-6", "--json",
            "--spark-master", "local-cluster[2,1,1024]"]
+    # two shuffle partitions, as the shared test session has: dpsql runs its queries with
+    # adaptive execution off, so Spark's default of 200 would make the GROUPING SETS query
+    # 400 tasks (about a minute on two 1-core executors) where 4 do the same
     proc = subprocess.Popen(cli, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONPATH=str(Path(__file__).parents[2])))
+                            env=dict(os.environ, PYTHONPATH=str(Path(__file__).parents[2]),
+                                     PYSPARK_SUBMIT_ARGS=SUBMIT_ARGS))
     executors: set[int] = set()
     while proc.poll() is None:
         executors |= {pid for pid, cmd in _descendants(proc.pid).items()
