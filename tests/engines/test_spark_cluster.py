@@ -23,10 +23,19 @@ import pytest
 
 import dpsql
 
-from ..conftest import ADULT_POLICY, raw_adult_file
+from ..conftest import ADULT_POLICY, SPARK_PARTITIONS, raw_adult_file
 
 pytestmark = pytest.mark.spark      # in the default run and CI; skip locally with -m 'not spark'
 
+#: how ``pyspark`` launches the run's driver JVM (``spark-submit``): the shuffle's partition
+#: count of the test session (tests/conftest.py), and, for the driver (which hosts the master
+#: and the workers) and the executors, the JIT's first tier only and the serial collector,
+#: as the Spark Connect test's server has: on a few thousand rows the JIT's warm-up is most
+#: of the work (the batch's run took about half as long, 29-36 s instead of 57-90 s)
+JVM_FLAGS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+SUBMIT_ARGS = (f"--conf spark.sql.shuffle.partitions={SPARK_PARTITIONS} "
+               f"--driver-java-options '{JVM_FLAGS}' "
+               f"--conf 'spark.executor.extraJavaOptions={JVM_FLAGS}' pyspark-shell")
 BATCH = "SELECT sex, COUNT(*) FROM adult GROUP BY sex;\n" \
         "SELECT race, income, COUNT(*) FROM adult WHERE age >= 40 GROUP BY race, income;\n"
 
@@ -76,8 +85,12 @@ def test_a_local_cluster_answers_a_batch_and_stops(spark_session, tmp_path):
     cli = [sys.executable, "-m", "dpsql", "run", path, str(tmp_path / "batch.sql"),
            "--epsilon", "50", "--delta", "1e-6", "--json",
            "--spark-master", "local-cluster[2,1,1024]"]
+    # two shuffle partitions, as the shared test session has: dpsql runs its queries with
+    # adaptive execution off, so Spark's default of 200 would make the GROUPING SETS query
+    # 400 tasks (about a minute on two 1-core executors) where 4 do the same
     proc = subprocess.Popen(cli, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONPATH=str(Path(__file__).parents[2])))
+                            env=dict(os.environ, PYTHONPATH=str(Path(__file__).parents[2]),
+                                     PYSPARK_SUBMIT_ARGS=SUBMIT_ARGS))
     executors: set[int] = set()
     while proc.poll() is None:
         executors |= {pid for pid, cmd in _descendants(proc.pid).items()

@@ -23,6 +23,7 @@ from dpsql.errors import InputFileError
 from dpsql.interfaces import cli
 
 from ..conftest import ROOT, make_adult_db
+from .zygote import Zygote
 
 SCRIPT = """SET dpsql.release = 'out';
 CREATE TABLE by_sex AS SELECT sex, COUNT(*) AS people FROM adult GROUP BY sex;
@@ -235,15 +236,19 @@ def test_policy_files_through_python(tmp_path):
 
 # --------------------------------------------------------------------------- the demo
 
-def dpsql_command(line: str, path: str) -> list[str]:
+def dpsql_command(line: str, zygote) -> list[str]:
+    """A suggested step's command line, run as a process forked from the fork server (which
+    has dpsql imported): ``dpsql ARGS`` as ``python -m dpsql ARGS``, ``python -c CODE``."""
     argv = shlex.split(line.split("  #")[0])
     if argv[0] == "dpsql":
-        return [sys.executable, "-m", "dpsql", *argv[1:]]
-    assert argv[0] == sys.executable, line                 # no `duckdb` program
-    return argv
+        return zygote.argv("module", "dpsql", *argv[1:])
+    assert argv[0] == sys.executable and argv[1] == "-c", line   # no `duckdb` program
+    return zygote.argv("code", *argv[2:])
 
 
 def test_demo_cleans_up_and_suggests_commands_that_exist(tmp_path):
+    """Both demos are real ``python -m dpsql`` processes (the temporary directory is the
+    one TMPDIR names); the suggested steps go through a fork server."""
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()
     env = dict(os.environ, TMPDIR=str(tmpdir))
@@ -261,8 +266,11 @@ def test_demo_cleans_up_and_suggests_commands_that_exist(tmp_path):
     steps = p.stdout.split("Next:\n", 1)[1].strip().splitlines()
     assert any(s.strip().startswith("dpsql shell ") for s in steps)
     assert os.listdir(tmpdir) == []
-    for step in steps:
-        q = subprocess.run(dpsql_command(step.strip(), path), cwd=ROOT, env=env,
-                           capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
-        assert q.returncode == 0 and "Traceback" not in q.stdout + q.stderr, (step, q.stderr)
+    with Zygote(tmp_path / "zygote") as zygote:
+        for step in steps:
+            q = subprocess.run(dpsql_command(step.strip(), zygote), cwd=ROOT, env=env,
+                               capture_output=True, text=True, timeout=900,
+                               stdin=subprocess.DEVNULL)
+            assert q.returncode == 0 and "Traceback" not in q.stdout + q.stderr, (step,
+                                                                                 q.stderr)
     assert "18 rows" in q.stdout        # the last step printed the demo_income result table
