@@ -33,6 +33,7 @@ from dpsql.sql import probe
 from dpsql.sql.compile import Workload
 from dpsql.store import database as engine
 from dpsql.store import ledger, readback
+from dpsql.store.interrupts import interrupts_restored
 from dpsql.store.results import Explanation, Release, ResultTable
 from dpsql.request.declared import CONNECTION_SETTINGS, SETTINGS
 from dpsql.request.value import Request
@@ -96,8 +97,8 @@ class Session:
     def _request(self):
         """One cancellable request: its token, and a planning connection that is let go
         before every long step (:func:`dpsql.cancel.run`)."""
-        with self.cancellable() as token, self.db.planning() as con, \
-                cancel.scope(token, con.release):
+        with interrupts_restored(), self.cancellable() as token, \
+                self.db.planning() as con, cancel.scope(token, con.release):
             yield con
 
     # ------------------------------------------------------------------ data owner

@@ -18,8 +18,9 @@ import threading
 from typing import Callable
 
 from dpsql.request.declared import CONNECTION_SETTINGS
-from dpsql.errors import (EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, InputFileError, Terminated,
-                          UsageError, exit_status, exit_statuses_text, one_line,
+from dpsql.store.interrupts import interrupts_restored
+from dpsql.errors import (EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, InputFileError, RequestCancelled,
+                          Terminated, UsageError, exit_status, exit_statuses_text, one_line,
                           read_input_file)
 
 
@@ -67,7 +68,7 @@ def guarded(fn: Callable[[], int], err=None) -> int:
     err = err or sys.stderr
     terminated: list = []
     try:
-        with sigterm_cancels(terminated):
+        with sigterm_cancels(terminated), interrupts_restored():
             return fn()
     except KeyboardInterrupt as exc:
         detail = " ".join(str(exc).split())   # a script's interruption says what was released
@@ -82,7 +83,10 @@ def guarded(fn: Callable[[], int], err=None) -> int:
             pass
         return EXIT_BROKEN_PIPE
     except Exception as exc:    # DpsqlError: its row; anything else: an internal failure
-        return report(exc, err)
+        status = report(exc, err)
+        if terminated and isinstance(exc, RequestCancelled):   # SIGTERM, seen as a cancel
+            return exit_status(Terminated)                     # (e.g. inside a statement)
+        return status
 
 
 @contextlib.contextmanager

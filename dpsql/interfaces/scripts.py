@@ -70,6 +70,7 @@ from typing import Callable
 from dpsql.errors import DpsqlError
 from dpsql.store.results import Release
 from dpsql.session import InterruptedAfterRelease, Session
+from dpsql.store.interrupts import interrupts_restored
 from dpsql.interfaces.scripts_check import Plan, PlannedWorkload, check_script, read_back
 from dpsql.request.declared import ASKS, check_asks, settings_for
 from dpsql.request.rules import MODELS, check_strategy
@@ -169,24 +170,25 @@ def run_script(session: Session, plan: Plan, *, replace: bool = False,
             if on_read is not None:
                 on_read(r, table)
     try:
-        for i, item in enumerate(items):
-            read_up_to(i)
-            w = item.workload
-            try:
-                release = session.answer(w.sql, name=w.name, replace=replace,
-                                         **item.answer_params())
-            except InterruptedAfterRelease as exc:
-                done.append(Outcome(w, exc.release))
+        with interrupts_restored():      # a signal inside a DuckDB statement: Ctrl-C too
+            for i, item in enumerate(items):
+                read_up_to(i)
+                w = item.workload
+                try:
+                    release = session.answer(w.sql, name=w.name, replace=replace,
+                                             **item.answer_params())
+                except InterruptedAfterRelease as exc:
+                    done.append(Outcome(w, exc.release))
+                    if on_outcome is not None:
+                        on_outcome(done[-1])
+                    raise
+                except DpsqlError as exc:
+                    raise ScriptError(f"{w.label} failed: {exc}; {_kept(done, items[i + 1:])}",
+                                      workload=w.number, released=done, cause=exc) from None
+                done.append(Outcome(w, release))
                 if on_outcome is not None:
                     on_outcome(done[-1])
-                raise
-            except DpsqlError as exc:
-                raise ScriptError(f"{w.label} failed: {exc}; {_kept(done, items[i + 1:])}",
-                                  workload=w.number, released=done, cause=exc) from None
-            done.append(Outcome(w, release))
-            if on_outcome is not None:
-                on_outcome(done[-1])
-        read_up_to(len(items))
+            read_up_to(len(items))
     except KeyboardInterrupt:
         raise ScriptInterrupted(f"interrupted; {_kept(done, items[len(done):])}",
                                 done) from None

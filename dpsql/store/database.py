@@ -30,6 +30,7 @@ import duckdb
 
 from dpsql import cancel
 from dpsql.store import schema, served
+from dpsql.store.interrupts import interrupts_restored
 from dpsql.workload.categorical import CategoricalDomain
 from dpsql.workload.ordered import IntegerDomain
 from dpsql.errors import EngineError, LockTimeoutError
@@ -236,15 +237,11 @@ class PlanningConnection:
 
 @contextlib.contextmanager
 def engine_errors(what: str) -> Iterator[None]:
-    """Turn any DuckDB failure into an EngineError that withholds the engine's text."""
+    """Turn any DuckDB failure into an EngineError that withholds the engine's text (an
+    interrupted statement into ``KeyboardInterrupt``: :func:`interrupts_restored`)."""
     try:
-        yield
-    except RuntimeError as exc:
-        if str(exc) == "Query interrupted":    # DuckDB's answer to Ctrl-C mid-query
-            raise KeyboardInterrupt from None
-        raise
-    except duckdb.InterruptException:
-        raise KeyboardInterrupt from None
+        with interrupts_restored():
+            yield
     except duckdb.Error as exc:
         raise EngineError(
             f"the database engine failed while {what} ({type(exc).__name__}; details "

@@ -39,8 +39,10 @@ import pytest
 import dpsql
 from dpsql.interfaces import cli
 from dpsql.store import database as engine
+from dpsql.store import interrupts
 from dpsql.noise.accounting import fraction_from_text
-from dpsql.errors import ERROR_TABLE, BudgetExceededError, DpsqlError, Terminated
+from dpsql.errors import (ERROR_TABLE, EXIT_INTERRUPTED, BudgetExceededError, DpsqlError,
+                          Terminated)
 
 from ..conftest import ROOT, make_adult_db, snapshot
 
@@ -482,13 +484,9 @@ def test_ctrl_c_during_a_long_script(template, tmp_path, capsys, n_workloads, de
     # 0 or -SIGINT: the signal came after the script had finished (-SIGINT: during the
     # interpreter's shutdown, when Python has put back the default handler)
     finished = out.count("released as release") == n_workloads
-    # exit 1 with "Query interrupted": Ctrl-C landed in a DuckDB query before a charge that
-    # engine_errors does not wrap (those it wraps become a clean cancel, see
-    # test_ctrl_c_during_a_duckdb_query_is_a_clean_cancel); the ledger must be consistent
-    # all the same, which is what this test is about
-    interrupted_query = code == 1 and "RuntimeError: Query interrupted" in err
-    assert code == 130 or interrupted_query or (finished and code in (0, -signal.SIGINT)), \
-        (code, err)
+    # Ctrl-C inside a DuckDB statement is a cancel too (store.interrupts.interrupts_restored):
+    # never an internal error
+    assert code == 130 or (finished and code in (0, -signal.SIGINT)), (code, err)
     statuses = check_consistent(path)
     assert set(statuses.values()) <= {"released"}
     if code == 130:
@@ -657,3 +655,52 @@ def test_duckdb_turns_ctrl_c_during_a_query_into_a_runtime_error():
         con.execute("SELECT count(*) FROM range(1000000000) t(i) WHERE i % 7 = 3").fetchall()
     assert not isinstance(info.value, duckdb.Error)
     con.close()
+
+
+@pytest.mark.parametrize("sig, status", [
+    (signal.SIGINT, EXIT_INTERRUPTED),
+    (signal.SIGTERM, ERROR_TABLE[Terminated].exit_status)])
+def test_a_signal_inside_any_duckdb_statement_cancels_with_its_status(capsys, sig, status):
+    """DuckDB's client runs a signal's handler inside a statement, drops what it raised and
+    raises RuntimeError('Query interrupted'); outside engine_errors that used to end
+    ``dpsql run`` as an internal error (exit 70) under SIGTERM. Passing: a real signal inside
+    a real DuckDB statement, with the command-line guard's handlers installed, ends with the
+    signal's status and a one-line "cancelled". (If the query ends before the signal, the
+    handler raises between statements: the same outcome.)"""
+    from dpsql.interfaces.exits import guarded
+
+    def body() -> int:
+        con = duckdb.connect()
+        try:
+            threading.Timer(0.3, os.kill, (os.getpid(), sig)).start()
+            con.execute("SELECT count(*) FROM range(2000000000) t(i) WHERE i % 7 = 3")
+            time.sleep(30)                       # the signal lands here if not in the query
+            return 0
+        finally:
+            con.close()
+
+    assert guarded(body) == status
+    err = capsys.readouterr().err
+    assert err.startswith("cancelled") and "internal" not in err and "Traceback" not in err
+    assert interrupts.engine_interrupted(RuntimeError("Query interrupted"))
+    assert not interrupts.engine_interrupted(RuntimeError("something else"))
+
+
+def test_a_sigterm_the_request_saw_as_a_cancel_exits_as_terminated(capsys):
+    """A SIGTERM that lands inside a DuckDB statement while a script is checked reaches the
+    command line as RequestCancelled ("while checking the script ..."): the guard, which saw
+    the SIGTERM, exits with Terminated's status, not Ctrl-C's."""
+    from dpsql.errors import RequestCancelled
+    from dpsql.interfaces.exits import guarded
+
+    def body() -> int:
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(30)
+        except KeyboardInterrupt:
+            raise RequestCancelled("while checking the script, before any release; "
+                                   "nothing was charged") from None
+        return 0
+
+    assert guarded(body) == ERROR_TABLE[Terminated].exit_status
+    assert "while checking the script" in capsys.readouterr().err
