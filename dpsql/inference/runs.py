@@ -123,7 +123,7 @@ def runs(W: sp.csr_matrix) -> tuple:
         starts[1:] = (cells[1:] != cells[:-1] + 1) | (values[1:] != values[:-1])
         starts[W.indptr[:-1][np.diff(W.indptr) > 0]] = True    # each row's first value
     heads = np.flatnonzero(starts)
-    ends = np.append(heads[1:], nnz) - 1
+    ends = np.append(heads[1:], nnz)[:heads.size] - 1      # (none when W has no non-zero)
     row = np.searchsorted(W.indptr, heads, side="right") - 1
     return row, cells[heads], cells[ends], values[heads].astype(float)
 

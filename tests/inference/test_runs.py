@@ -59,6 +59,17 @@ def test_runs_of_a_row():
     assert value.tolist() == [1, 2, 1, 1, 1, 1]
 
 
+@pytest.mark.parametrize("m", [1, 3])
+def test_a_workload_with_no_cell_has_no_runs_and_zero_factors(m):
+    """Every row empty (a WHERE no cell satisfies, e.g. ``age > 1e400``): no runs at all,
+    and each error factor is 0 (the answer is 0 whatever the data)."""
+    W = sp.csr_matrix((m, 6))
+    row, start, stop, value = runs.runs(W)
+    assert row.size == start.size == stop.size == value.size == 0
+    c, low = _factor(6)
+    np.testing.assert_array_equal(runs.error_factors(c, low, W), np.zeros(m))
+
+
 def test_a_run_across_rows_is_two_runs():
     W = sp.csr_matrix(np.array([[0, 0, 1], [1, 0, 0]], dtype=float))
     row, start, stop, _ = runs.runs(W)
