@@ -81,13 +81,13 @@ def ranges(n: int) -> Workload:
 def measured(step, trace: bool = True):
     """(peak bytes, CPU seconds) of ``step()``: process CPU time plus that of the worker
     processes it forked and reaped (:func:`dpsql.cancel.run` computes a step predicted over
-    ``LONG_STEP`` in a forked child, whose time the parent's own clock never sees). CPU
+    ``cancel.long_step()`` in a forked child, whose time the parent's own clock never sees). CPU
     time, not wall-clock: the machine is shared, and its load moves wall-clock times by
     factors. ``trace``: tracemalloc's peak, with every step inline (a forked child's
     allocations are out of the parent's sight; the child's are the same numerics)."""
-    inline = cancel.LONG_STEP
+    inline = cancel.LONG_STEP, cancel.LONG_STEP_ALONE
     if trace:
-        cancel.LONG_STEP = math.inf
+        cancel.LONG_STEP = cancel.LONG_STEP_ALONE = math.inf
         tracemalloc.start()
     started = _cpu()
     try:
@@ -95,7 +95,7 @@ def measured(step, trace: bool = True):
     except MemoryError:
         pass
     finally:
-        cancel.LONG_STEP = inline
+        cancel.LONG_STEP, cancel.LONG_STEP_ALONE = inline
     seconds = _cpu() - started
     peak = tracemalloc.get_traced_memory()[1] if trace else 0
     if trace:

@@ -38,7 +38,6 @@ the seconds are inflated.
 from __future__ import annotations
 
 import argparse
-import functools
 import itertools
 import math
 import os
@@ -165,7 +164,7 @@ def explain_seconds(sql: list, n: int) -> tuple[float, dict]:
     The CPU seconds count this process and the forked workers (:func:`dpsql.cancel.run`)
     that compute the long numerical steps, which ``time.process_time`` alone does not see:
     phases are ``parse`` (SQL to IR), ``compile`` (IR to the workload), ``svdb``, ``optimal``
-    (the solver's worker) and ``least squares`` (the factorisation and error factors), each
+    (the solver) and ``least squares`` (the factorisation and error factors), each
     timed inline or, when predicted long, with its forked worker."""
     import tempfile
 
@@ -173,7 +172,6 @@ def explain_seconds(sql: list, n: int) -> tuple[float, dict]:
 
     import dpsql
     from dpsql import cancel
-    from dpsql.mechanisms import halfwidths, selection
     from dpsql.release import mechanism
     from dpsql.sql import memo
     path = os.path.join(tempfile.mkdtemp(prefix="dpsql-bench-"), "e.duckdb")
@@ -192,24 +190,25 @@ def explain_seconds(sql: list, n: int) -> tuple[float, dict]:
         return t.user + t.system + t.children_user + t.children_system
 
     def timed(label, fn):
-        @functools.wraps(fn)        # a worker running it is named after it (names, below)
         def wrapper(*args, **kwargs):
             t = cpu()
             try:
                 return fn(*args, **kwargs)
             finally:
-                label_ = label if isinstance(label, str) else label(args)
-                phases[label_] = phases.get(label_, 0.0) + cpu() - t
+                phases[label] = phases.get(label, 0.0) + cpu() - t
         return wrapper
-    saved = [(cancel, "_in_worker"), (mechanism, "parse_request"), (memo, "compiled"),
-             (halfwidths, "svdb"), (selection, "_solved")]
+    saved = [(cancel, "run"), (mechanism, "parse_request"), (memo, "compiled")]
     originals = [getattr(m, a) for m, a in saved]
-    # inline (predicted short), the bound and the least squares are timed here; in a worker,
-    # by the worker's wrapper below (the child's own timing stays in the child)
-    halfwidths.svdb = timed("svdb", halfwidths.svdb)
-    selection._solved = timed("least squares", selection._solved)
-    cancel._in_worker = timed(lambda a: names.get(getattr(a[0], "__name__", ""), "worker"),
-                              cancel._in_worker)
+    # the bound, the solver and the least squares go through cancel.run, inline or in a
+    # forked worker (whose CPU the wrapper sees as its children's); other steps pass through
+    run = cancel.run
+
+    def timed_run(fn, *args, seconds=0.0):
+        label = names.get(getattr(fn, "__name__", ""))
+        if label is None:
+            return run(fn, *args, seconds=seconds)
+        return timed(label, run)(fn, *args, seconds=seconds)
+    cancel.run = timed_run
     mechanism.parse_request = timed("parse", mechanism.parse_request)
     memo.compiled = timed("compile", memo.compiled)
     try:

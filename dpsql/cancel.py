@@ -17,10 +17,12 @@ charge, each within a fraction of a second:
   such a loop, checking every ``every`` items.
 
 Long numerics (a strategy's solver, an eigendecomposition predicted to take more than
-:data:`LONG_STEP` seconds) go through :func:`run`: a forked child computes them and sends the
-pickled result back; a cancel kills the child (SIGKILL), which LAPACK cannot delay. The child
-never touches the database (the caller released it first: :func:`pause`) and dies with its
-parent. Shorter steps run inline.
+:data:`LONG_STEP_ALONE` seconds, or :data:`LONG_STEP` while another request runs in the
+process) go through :func:`run`: a forked child computes them and sends the pickled result
+back; a cancel kills the child (SIGKILL), which LAPACK cannot delay. The child never touches
+the database (the caller released it first: :func:`pause`) and dies with its parent. Shorter
+steps run inline: a Ctrl-C lands when the current native call returns, a token at the
+step's next :func:`check`.
 
 After the charge (:func:`committed`) nothing cancels: the release completes and is written.
 """
@@ -42,7 +44,17 @@ from typing import Callable
 from dpsql.errors import RequestCancelled, StrategyError
 
 #: a step predicted to take longer than this (seconds) runs in a killable worker process
+#: while another request is running in this process (the server's other connections):
+#: LAPACK holds the GIL (scipy's eigh does), so a long inline step would stall them
 LONG_STEP = 0.2
+#: the same limit for a request alone in its process. Forking is not free: at n = 1,024
+#: (a 300 MB process) the child's first touch of the solver's pages cost 16.7k page faults
+#: (4k inline) and 0.15-0.2 s more CPU than the same 1-s solve inline, plus 0.04 s for the
+#: fork itself, and the database is closed and reopened around it. Under this limit an
+#: inline step's cancel latency is one native call (an eigendecomposition: 0.25-0.35 s at
+#: n = 1,024) for Ctrl-C, and one solver iteration for a token (the solvers check between
+#: iterations), so forking would cost a fifth of the step to save a fraction of a second
+LONG_STEP_ALONE = 1.0
 #: how often a waiting parent looks at its token (seconds)
 POLL_SECONDS = 0.05
 
@@ -72,17 +84,31 @@ class _Scope:
 
 _CURRENT: contextvars.ContextVar[_Scope | None] = contextvars.ContextVar(
     "dpsql_cancel_scope", default=None)
+#: requests planning in this process now (:func:`scope`), with the lock guarding the count
+_RUNNING = [0]
+_RUNNING_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
 def scope(token: Token, pause: Callable[[], None] | None = None):
     """Run a request's planning under ``token``; ``pause`` releases what it holds (the
     database) before a long step."""
+    outermost = _CURRENT.get() is None          # a request's nested scopes count once
     reset = _CURRENT.set(_Scope(token, [pause] if pause is not None else []))
+    with _RUNNING_LOCK:
+        _RUNNING[0] += outermost
     try:
         yield token
     finally:
+        with _RUNNING_LOCK:
+            _RUNNING[0] -= outermost
         _CURRENT.reset(reset)
+
+
+def long_step() -> float:
+    """The predicted seconds over which :func:`run` forks: :data:`LONG_STEP_ALONE` when this
+    request is the only one planning in the process, :data:`LONG_STEP` otherwise."""
+    return LONG_STEP_ALONE if _RUNNING[0] <= 1 else LONG_STEP
 
 
 @contextlib.contextmanager
@@ -133,10 +159,10 @@ def active() -> bool:
 
 def run(fn: Callable, *args, seconds: float = 0.0):
     """``fn(*args)``, in a killable worker process when ``seconds`` (the predicted time) is
-    over :data:`LONG_STEP` and the platform can fork; inline otherwise. Checks the token
+    over :func:`long_step` and the platform can fork; inline otherwise. Checks the token
     before and after; a cancel or a signal while the worker runs kills it at once."""
     check()
-    if seconds <= LONG_STEP or not hasattr(os, "fork"):
+    if seconds <= long_step() or not hasattr(os, "fork"):
         value = fn(*args)
         check()
         return value

@@ -432,7 +432,7 @@ def test_a_token_cancel_lands_inside_a_large_reuse_decomposition(wide, monkeypat
     assert "finished" not in outcome
     assert "nothing was charged" in str(outcome["error"])
     assert [c for c, _ in calls] == ["started"]              # it never returned
-    assert calls[0][1] > cancel.LONG_STEP                    # predicted long: a worker
+    assert calls[0][1] > cancel.LONG_STEP_ALONE              # predicted long: a worker
     assert gone(workers)                                     # killed and reaped
     assert db.ledger() == ledger
     db.close()

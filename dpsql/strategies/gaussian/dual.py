@@ -28,6 +28,7 @@ import numpy as np
 import scipy.linalg as la
 from scipy import optimize
 
+from dpsql import cancel
 from dpsql.errors import StrategyError
 
 #: eigenvalues of M (or K) are floored at this fraction of the largest (see roots)
@@ -209,6 +210,7 @@ class FactoredForm:
     def ascend(self, w: np.ndarray, max_evaluations: int) -> tuple[np.ndarray, int]:
         """Maximise Φ from ``w`` (on the simplex) with L-BFGS-B; returns (w / Σw, evaluations)."""
         def negative(v):
+            cancel.check()                       # inline (a short solve), a token lands here
             r, _, _, a = self._parts(v)
             return float(v.sum() - 2 * r.sum()), 1 - a
 

@@ -64,6 +64,7 @@ import numpy as np
 import scipy.linalg as la
 import scipy.sparse as sp
 
+from dpsql import cancel
 from dpsql.errors import StrategyError
 from dpsql.strategies.gaussian.dual import FactoredForm, FullForm, anderson, blas_threads, eigh
 from dpsql.strategies.gaussian.newton import Chord
@@ -201,6 +202,7 @@ def _ascend(form, w: np.ndarray, tol: float, max_iterations: int, single: bool =
     stall = it = 0
     chord = Chord() if isinstance(form, FullForm) and not form.split else None
     while it < max_iterations:
+        cancel.check()                           # inline (a short solve), a token lands here
         it += 1
         w = np.exp(u - u.max())
         w /= w.sum()
