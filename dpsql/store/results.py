@@ -38,7 +38,7 @@ class Candidate:
     stderr: np.ndarray = field(repr=False)
     note: str = ""
     seconds: float = 0.0             # time to select (or load) the strategy
-    bound_ratio: float = math.nan    # expected RMSE / RMSE of the singular value bound
+    bound_ratio: float = math.nan    # expected RMSE / RMSE of the lower bound (Explanation)
     cached: bool = False             # loaded from the strategy cache
     plan: object = field(default=None, repr=False, compare=False)
     mechanism: str = "gaussian"      # noise family: gaussian (sigma) or laplace (scale b)
@@ -71,13 +71,16 @@ class Explanation:
     n_cells: int
     candidates: tuple                # every strategy considered (Candidate)
     statements: tuple = ()           # (statement index, first row, stop row)
-    bound_rmse: float = math.nan     # RMSE of the singular value bound (no strategy beats it)
+    bound_rmse: float = math.nan     # RMSE of the lower bound (no strategy beats it)
     mechanism: str = "gaussian"      # noise family of the chosen strategy ("reuse": none)
     free: tuple = ()                 # rows of W answered from past releases at no cost
     reused_from: tuple = ()          # the release ids whose measurements are combined
     #: how old and new answers meet in a partly free batch ('': one GLS over both)
     reuse_rule: str = ""
     bound_note: str = ""             # why the bound was not computed (planning limits)
+    #: which lower bound ``bound_rmse`` is: the singular value bound, or the certified dual
+    #: bound of the ``optimal`` solver when it ran (tighter; see mechanisms/selection.py)
+    bound_name: str = "svdb"
     #: a batch mixing COUNT with SUM/AVG (issue 20): one line per data vector (its
     #: aggregate, strategy, noise scale, share and expected RMSE in its own units)
     parts: tuple = ()
@@ -94,7 +97,7 @@ class Explanation:
                  "mwem": "MWEM (pure epsilon-DP, data-dependent)",
                  "dx_laplace": "d_X Laplace (metric privacy; epsilon per unit distance)",
                  "reuse": "no new noise: every answer comes from past releases"}
-        bound = (f"; lower bound (svdb) RMSE {self.bound_rmse:.4g}"
+        bound = (f"; lower bound ({self.bound_name}) RMSE {self.bound_rmse:.4g}"
                  if math.isfinite(self.bound_rmse) else
                  f"; {self.bound_note}" if self.bound_note else "")
         how = ("one charge, measured in blocks (below)" if self.parts

@@ -17,7 +17,8 @@ the other two here), one row per request shape:
   domain shape, whether ``auto`` asked (it skips strategies over its time limit), and each
   candidate's noise family, canonical spec and options;
 - ``workload_hash``, ``n_queries``, ``n_cells``: checked on load against the request;
-- ``svdb``: the singular value bound of ``W``;
+- ``svdb``: the lower bound of ``W`` the selection used (the singular value bound, or the
+  ``optimal`` plan's certified dual bound: :func:`dpsql.mechanisms.selection.certified_bound`);
 - ``candidates``: JSON, per candidate: family, name, status (``ok``, ``skipped``, ``error``)
   and note, the plan's sensitivities, number of measurements and notes, and the key of its
   matrix in :mod:`dpsql.store.strategy_cache` (``null`` for the identity);
