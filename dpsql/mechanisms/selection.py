@@ -37,6 +37,9 @@ from dpsql.sql.compile import Workload
 AUTO_TIME_LIMIT = 30.0
 #: the chosen plan's Cholesky factor (8 n² bytes) is stored for n up to this
 MAX_STORED_FACTOR = 4096
+#: CPU seconds per byte of a Cholesky factor to store it (DELETE + INSERT) and checkpoint
+#: it (:func:`factor_worth_storing`)
+FACTOR_STORE_SECONDS_PER_BYTE = 1.5e-8
 
 
 def _plan_for(con, name: str, strategy, workload: Workload, family: str,
@@ -274,9 +277,34 @@ def solver_key(plan_key: str, digest: str) -> str:
     return f"{plan_key}:{digest}"
 
 
+def factor_worth_storing(plan) -> bool:
+    """Whether the chosen plan's Cholesky factor is stored for later hits: only when
+    recomputing it (:func:`~dpsql.inference.least_squares.factorise_seconds`: the Gram
+    ``AᵀA`` and its Cholesky factor) is predicted to cost more than storing it and its share
+    of the checkpoint (``FACTOR_STORE_SECONDS_PER_BYTE`` per byte of its 8 n²), and n is at
+    most :data:`MAX_STORED_FACTOR`. A hit without a stored factor factorises again
+    (:class:`LeastSquares` given a loader that finds none), with the same result.
+
+    Measured (``benchmarks/factor_store.py``: CPU s, one BLAS thread, dense n x n plans as
+    ``optimal`` chooses, uncompressed BLOBs, 2 shared cores at load 3-11), recompute /
+    store + its checkpoint / read back a stored one: n = 256: 0.003-0.005 / 0.02 / 0.006;
+    n = 1,024: 0.07 / 0.10-0.13 / 0.04-0.05; n = 2,048: 0.44-0.51 / 0.45-0.51 / 0.22;
+    n = 4,096: 3.2-3.3 / 2.4-3.5 / 0.9. A stored factor saves each later hit (``answer``)
+    the recompute less the read: at n = 1,024 it cost the cold explain ~0.1 s to save
+    ~0.025 s per later answer (4+ answers to pay back); at 2,048, ~0.5 s to save 0.25 s
+    (2 answers); at 4,096, ~3 s to save 2.3 s (1-2). So it is stored from about n = 1,550
+    (dense; the model predicts 0.08 s, 0.67 s and 5.3 s for the recomputes), and not for a
+    sparse plan whose Gram is cheap."""
+    n = plan.n
+    return (plan.A is not None and n <= MAX_STORED_FACTOR
+            and least_squares.factorise_seconds(plan.A)
+            > FACTOR_STORE_SECONDS_PER_BYTE * 8 * n * n)
+
+
 def _remember(con, where, workload: Workload, total: float, evals, chosen: int) -> None:
     """Store a fresh selection: the entry, the chosen plan's matrix (the costly strategies'
-    are stored already) and its Cholesky factor; name the chosen solver's matrix."""
+    are stored already) and its Cholesky factor when :func:`factor_worth_storing`; name the
+    chosen solver's matrix."""
     if con is None:
         return
     e = evals[chosen]
@@ -288,9 +316,8 @@ def _remember(con, where, workload: Workload, total: float, evals, chosen: int) 
         else:
             digest = strategy_cache.store(con, e.plan_key, e.plan, e.seconds)
         e.solver.key = solver_key(e.plan_key, digest)
-        factor = e.solver.cholesky
-        if (factor is not None and e.plan.n <= MAX_STORED_FACTOR
-                and not selection_cache.has_factor(con, e.solver.key)):
+        factor = e.solver.cholesky if factor_worth_storing(e.plan) else None
+        if factor is not None and not selection_cache.has_factor(con, e.solver.key):
             selection_cache.store_factor(con, e.solver.key, factor[0])
     selection_cache.store(con, *where, workload, total, evals)
 

@@ -26,7 +26,8 @@ the other two here), one row per request shape:
 
 Table ``dpsql.solver_cache``: the lower Cholesky factor of ``AᵀA`` of a chosen plan (the
 least-squares factorisation ``answer`` needs), by the plan's exact matrix (its strategy-cache
-key and the digest of its stored bytes). Table ``dpsql.halfwidth_cache``: a Laplace
+key and the digest of its stored bytes); stored only when recomputing it is dearer
+(:func:`dpsql.mechanisms.selection.factor_worth_storing`), else a hit factorises again. Table ``dpsql.halfwidth_cache``: a Laplace
 release's interval half-widths at unit noise scale, by exact matrix, workload and level
 (:func:`dpsql.mechanisms.halfwidths.interval_halfwidths`).
 

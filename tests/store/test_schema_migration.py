@@ -157,6 +157,40 @@ def test_opening_twice_is_idempotent(old_path):
         con.close()
 
 
+BLOBS = {"strategy_cache": ("matrix", "indptr", "indices"), "solver_cache": ("factor",)}
+
+
+def test_the_plan_caches_are_moved_to_uncompressed_blobs_unchanged(db, old_path, tmp_path):
+    """Migration 5: the caches' large BLOB columns are stored uncompressed (a checkpoint no
+    longer compresses a new plan or factor); every cached row is kept as it was."""
+    before = _snapshot(str(FIXTURE))
+    db.budget()                                                   # migrate
+    after = _snapshot(old_path)
+    for table in BLOBS:
+        assert after[table] == before[table] and after[table], table
+    fresh = str(tmp_path / "fresh.duckdb")                        # and a new database
+    con = duckdb.connect(fresh)
+    schema.ensure(con)
+    con.execute("INSERT INTO dpsql.strategy_cache (fingerprint, strategy, n, rows, matrix, "
+                "notes, seconds) VALUES ('k', 'x', 1, 1, ?, '[]', 0)", [bytes(range(256)) * 64])
+    con.execute("INSERT INTO dpsql.solver_cache (solver_key, n, factor) VALUES ('k', 1, ?)",
+                [bytes(range(256)) * 64])
+    con.close()
+    for path in (old_path, fresh):
+        con = duckdb.connect(path, read_only=True)
+        try:
+            for table, columns in BLOBS.items():
+                for column in columns:
+                    used = {c for (c,) in con.execute(
+                        f"SELECT DISTINCT compression FROM pragma_storage_info('dpsql.{table}')"
+                        " WHERE column_name = ? AND segment_type = 'BLOB'", [column]).fetchall()}
+                    assert used <= {"Uncompressed", "Constant"}, (path, table, column, used)
+                    if column in ("matrix", "factor"):
+                        assert "Uncompressed" in used, (path, table, column)
+        finally:
+            con.close()
+
+
 def test_a_failed_migration_leaves_the_database_as_it_was(old_path, monkeypatch):
     before = _snapshot(old_path)
     broken = schema.Migration(schema.SCHEMA_VERSION + 1, "test: fails half way", (

@@ -31,6 +31,7 @@ from dpsql.session import Session
 from dpsql.sql import memo
 from dpsql.strategies import REGISTRY
 from dpsql.strategies.synthetic import all_range
+from dpsql.workload.matrix import Plan
 
 N = 48
 POLICY = {"epsilon": 1e6, "delta": 0.5,
@@ -172,7 +173,14 @@ def _explain_target(db):
                                           2.0, "rmse")
 
 
-def test_the_chosen_solver_is_kept_and_a_hit_reads_its_stored_factor(db, monkeypatch):
+@pytest.fixture
+def store_factors(monkeypatch):
+    """Stores every chosen plan's Cholesky factor, however cheap to recompute."""
+    monkeypatch.setattr(selection, "FACTOR_STORE_SECONDS_PER_BYTE", 0.0)
+
+
+def test_the_chosen_solver_is_kept_and_a_hit_reads_its_stored_factor(db, store_factors,
+                                                                     monkeypatch):
     cold = _select(db, strategy="optimal")
     solver = _chosen(cold).solver
     assert isinstance(solver, LeastSquares) and solver.cholesky is not None
@@ -193,7 +201,37 @@ def test_the_chosen_solver_is_kept_and_a_hit_reads_its_stored_factor(db, monkeyp
     assert np.array_equal(late.answers(workload.W, y), got)
 
 
-def test_a_corrupted_factor_is_recomputed(db):
+def test_a_factor_cheaper_to_recompute_than_to_store_is_not_stored(db, monkeypatch):
+    cold = _chosen(_select(db, strategy="optimal"))
+    assert not selection.factor_worth_storing(cold.plan)          # n = 48
+    assert _rows(db, "solver_cache") == 0
+    calls = []
+    original = LeastSquares._factorise
+    monkeypatch.setattr(LeastSquares, "_factorise",
+                        lambda self: calls.append(1) or original(self))
+    with db.db.connect() as con:            # a hit: its solver factorises once, when used
+        policy, _, workload = Session._compile(SQL, ledger.load_policies(con))
+        best = _chosen(selection.select(con, policy, workload, 1.0, 1e-6, "optimal",
+                                        "analytic"))
+        assert best.cached and calls == []
+        y = np.linspace(-3.0, 7.0, best.plan.n_measurements)
+        got = best.solver.answers(workload.W, y)
+    assert calls == [1]
+    assert np.array_equal(got, cold.solver.answers(workload.W, y))
+    assert np.array_equal(best.solver.cholesky[0], cold.solver.cholesky[0])
+
+
+def test_which_factors_are_stored():
+    def plan(n, sparse=False):
+        A = sp.identity(n, format="csr") if sparse else np.zeros((n, n))
+        return Plan("x", n, A, 1.0)
+    assert [selection.factor_worth_storing(plan(n)) for n in (256, 1024, 2048, 4096)] == \
+        [False, False, True, True]
+    assert not selection.factor_worth_storing(plan(selection.MAX_STORED_FACTOR + 1))
+    assert not selection.factor_worth_storing(plan(4096, sparse=True))   # a cheap Gram
+
+
+def test_a_corrupted_factor_is_recomputed(db, store_factors):
     cold = _select(db, strategy="optimal")
     plan = _chosen(cold).plan
     good = LeastSquares(plan).cholesky[0]
@@ -206,6 +244,7 @@ def test_a_corrupted_factor_is_recomputed(db):
     assert np.allclose(np.tril(solver.cholesky[0]), np.tril(good))
     assert inference.valid_factor(plan, np.tril(good), True)
     assert not inference.valid_factor(plan, bad, True)
+    assert _rows(db, "solver_cache") == 1
     with db.db.connect() as con:                              # and through the database
         con.execute("UPDATE dpsql.solver_cache SET factor = ?", [bad.tobytes()])
     best = _chosen(_select(db, strategy="optimal"))
