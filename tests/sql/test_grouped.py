@@ -20,6 +20,7 @@ SPEC = {"epsilon": 1.0, "delta": 1e-6, "columns": {
           "nullable": True},
     "c": {"type": "categorical", "values": ["a", "b", "c", "d"], "nullable": True},
     "k": {"type": "categorical", "values": [1, 2, 3]},
+    "z": {"type": "integer", "min": -3, "max": 12},
 }}
 
 VARIED = (
@@ -51,7 +52,9 @@ VARIED = (
        "SELECT c, k, COUNT(*) FROM t WHERE y < 10 GROUP BY CUBE (c, k)",
        "SELECT k, c, COUNT(x) FROM t WHERE x BETWEEN 5 AND 50 GROUP BY ROLLUP (k, c)",
        "SELECT y, COUNT(*) FROM t WHERE c = 'a' GROUP BY y",
-       "CREATE TABLE r AS SELECT COUNT(*) FROM t WHERE x = 8"]
+       "CREATE TABLE r AS SELECT COUNT(*) FROM t WHERE x = 8",
+       "SELECT COUNT(*) FROM t WHERE z BETWEEN -1 AND 7", "SELECT COUNT(*) FROM t WHERE z <> 3",
+       "SELECT COUNT(*) FROM t WHERE z = 20 OR z < -2", "SELECT COUNT(*) FROM t WHERE z >= 12"]
 )
 
 
@@ -140,7 +143,8 @@ def test_the_first_error_is_the_statement_by_statement_one(monkeypatch, bad):
 def test_vectorised_compares_equal_compare():
     policy = _policy()
     for column, values in (("x", [-5, 0, 1, 50, 99, 100, 2 ** 62]),
-                           ("y", [-20, -15, 0, 35, 39, 40, -25, 60])):
+                           ("y", [-20, -15, 0, 35, 39, 40, -25, 60]),
+                           ("z", [-5, -3, 0, 12, 13, 2 ** 62, -2 ** 62])):
         dom = policy.column(column)
         for op in ("=", "<>", "<", "<=", ">", ">="):
             ok = []
