@@ -182,25 +182,34 @@ def text(t: Template) -> str | None:
     return "".join(part + _render(lit) for part, lit in zip(t.text, lits)) + t.text[-1]
 
 
-_SCRATCH: list = []
+#: literal renderings by (text, is a string), a pure function of the two (:func:`_render`)
+_RENDERED: dict = {}
+_RENDERED_MAX = 1 << 14
 
 
 def chunk_text(t: Template, chunk: list) -> str:
     """The DuckDB text :func:`instantiate` of ``chunk`` would give (:func:`text`), without
-    instantiating: each literal token rendered as its node would be (a scratch ``Literal``
-    holding the token's text). ``t.text`` must not be None."""
-    if not _SCRATCH:
-        _SCRATCH.append(exp.Literal(this="", is_string=False))
-    scratch = _SCRATCH[0]
+    instantiating: each literal token rendered as its node would be (a ``Literal`` holding
+    the token's text; renderings remembered). ``t.text`` must not be None."""
     out = []
     for part, k in zip(t.text, t.order):
         j, tok = t.literals[k]
-        scratch.args["this"] = chunk[tok].text
-        scratch.args["is_string"] = t.nodes[j].is_string
+        key = (chunk[tok].text, t.nodes[j].is_string)
+        rendered = _RENDERED.get(key)
+        if rendered is None:
+            rendered = _render_text(*key)
         out.append(part)
-        out.append(_render(scratch))
+        out.append(rendered)
     out.append(t.text[-1])
     return "".join(out)
+
+
+def _render_text(text: str, is_string: bool) -> str:
+    rendered = _render(exp.Literal(this=text, is_string=is_string))   # a node per thread
+    if len(_RENDERED) >= _RENDERED_MAX:
+        _RENDERED.clear()
+    _RENDERED[(text, is_string)] = rendered
+    return rendered
 
 
 def instantiate(t: Template, chunk: list, copy: bool = True) -> exp.Expression:

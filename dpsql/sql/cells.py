@@ -124,7 +124,8 @@ class _Cells:
             c = next(iter(cols))
             truth = self.parts.unit_truth
             units = np.stack([truth[(at(q.where, path), negated)] for q in members])
-            per_part = units[:, self.parts.first_units[c]]
+            per_part = units if c in self.parts.unit_parts else \
+                units[:, self.parts.first_units[c]]
             return np.broadcast_to(self.broadcast(c, per_part, (len(members),)), full)
         if sh[0] == "not":
             inner = self.evaluate_many(sh[1][0], members, path + (0,), True)
@@ -199,8 +200,11 @@ def statement_rows(queries: list, policy, parts) -> tuple[list, list, list, int]
         like = make_output(queries[idx[0]], 0, 0, [k for lay in layouts[key] for k in lay[2]],
                            [lay[3] for lay in layouts[key] for _ in lay[2]])
         shared = (like.key_columns, like.key_sources, like.keys, like.grouping_ids)
+        fields = dict(zip(("key_columns", "key_sources", "keys", "grouping_ids"), shared))
         for i, start, stop in zip(idx, starts[idx].tolist(), (starts[idx] + sizes[idx]).tolist()):
-            outputs[i] = Output(queries[i], start, stop, *shared)
+            out = outputs[i] = object.__new__(Output)   # frozen, no __post_init__: its
+            out.__dict__.update(query=queries[i], start=start, stop=stop)  # fields, in order
+            out.__dict__.update(fields)
         step = max(1, CHUNK_VALUES // max(1, int(np.prod(cells.shape, dtype=np.int64))))
         for first in range(0, len(idx), step):
             cancel.check()
@@ -218,7 +222,13 @@ def _kind_rows(cells: _Cells, policy, key, members, starts, layout, rows, cols) 
     mask = mask.reshape(len(members), -1)
     offset = 0
     for group_index, valid, set_keys, _ in layout:
-        which, cell = np.nonzero(mask & valid)
-        rows.append(starts[which] + offset + group_index[cell])
+        # every cell in a group, all in the first (no GROUP BY): the sums below, skipped
+        which, cell = np.nonzero(mask if valid.all() else mask & valid)
+        row = starts[which]
+        if offset:
+            row += offset
+        if group_index.any():
+            row += group_index[cell]
+        rows.append(row)
         cols.append(cell)
         offset += len(set_keys)

@@ -103,6 +103,11 @@ class Parts:
     def first_units(self) -> dict:      # each part's first unit, per column (asked per query)
         return {p.column: np.array([u[0] for u in p.part_units]) for p in self.partitions}
 
+    @functools.cached_property
+    def unit_parts(self) -> frozenset:  # columns whose parts are their units, in order
+        return frozenset(p.column for p in self.partitions if p.n_parts == len(p.unit_to_part)
+                         and np.array_equal(self.first_units[p.column], np.arange(p.n_parts)))
+
     def part_truth(self, sub: Predicate, negated: bool = False, column=None) -> np.ndarray:
         """Truth of a one-column condition on each part of its column (constant on a part)."""
         c = next(iter(_columns(sub))) if column is None else column

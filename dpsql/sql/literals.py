@@ -62,6 +62,8 @@ def _literal(node: exp.Expression, at: exp.Expression | None = None) -> Any:
 def number(text: str) -> Any:
     """A number literal's value (integer, or exact decimal as Fraction) from its text, or
     None when :func:`_literal` refuses it (it says why)."""
+    if text.isdecimal():           # digits alone (the common case): no exponent, an int
+        return int(text)
     exponent = _EXPONENT.search(text)
     if exponent is not None and abs(int(exponent.group(1))) > MAX_EXPONENT:
         return None

@@ -75,8 +75,8 @@ def _trees(sql: str | Sequence[str], copy: bool):
                          f"{MAX_SQL_CHARS:,}; split it into several requests")
     shapes: dict = {}
     count = 0
-    for text in cancel.checked(texts):
-        with _sqlglot_errors():
+    with _sqlglot_errors():                  # one block for the batch, not one per text
+        for text in cancel.checked(texts):
             text = bigquery.rewrite(text)    # BigQuery's DP clause, CLAMPED BETWEEN: in place
             parts = bulk.statement_tokens(text, MAX_STATEMENTS - count)
             trees = ((t, None, None, None) for t in sqlglot.parse(text, dialect="duckdb")) \

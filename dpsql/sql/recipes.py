@@ -149,7 +149,9 @@ def _run(steps: tuple, tokens: list):
     """The condition the steps build from a statement's tokens."""
     kind = steps[0]
     if kind == "bool":
-        return BoolOp(steps[1], tuple([_run(s, tokens) for s in steps[2]]))
+        out = object.__new__(BoolOp)        # frozen dataclasses without __post_init__:
+        out.__dict__.update(op=steps[1], children=tuple([_run(s, tokens) for s in steps[2]]))
+        return out                          # their fields set as __init__ sets them
     if kind == "const":
         return steps[1]
     _, column, op, constant, pos = steps
@@ -170,4 +172,6 @@ def _run(steps: tuple, tokens: list):
         line = tokens[kl].line
         col = max(1, (tokens[kc].col if kc is not None else 1) -
                   ((tokens[ke].end if ke is not None else 0) - start))
-    return Atom(column, op, value, line, col)
+    out = object.__new__(Atom)
+    out.__dict__.update(column=column, op=op, value=value, line=line, col=col)
+    return out
