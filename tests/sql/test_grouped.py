@@ -166,3 +166,17 @@ def test_vectorised_compares_equal_compare():
     assert dom.compare_many("<", ["a"]) is None
     assert policy.column("k").compare_many("=", ["1"]) is None
     assert policy.column("x").compare_many("=", [True]) is None
+
+
+def test_parts_that_are_units_and_sets_without_groups(monkeypatch):
+    """Every unit of a column its own part (no gather of parts), statements with and
+    without GROUP BY and COUNT(col) in one batch, in two orders."""
+    sql = ([f"SELECT COUNT(*) FROM t WHERE z = {v}" for v in range(-3, 13)]
+           + [f"SELECT COUNT(*) FROM t WHERE z BETWEEN {a} AND {a + 4}" for a in range(-5, 14)]
+           + ["SELECT k, COUNT(*) FROM t WHERE z > 2 GROUP BY k",
+              "SELECT COUNT(z) FROM t WHERE z <> 5", "SELECT k, COUNT(*) FROM t GROUP BY k",
+              "SELECT z, COUNT(*) FROM t WHERE NOT z < 0 GROUP BY ROLLUP (z)"])
+    for batch in (sql, list(reversed(sql))):
+        fast_parts, fast, slow_parts, slow = _both(monkeypatch, batch)
+        assert "z" in fast_parts.unit_parts and "k" in fast_parts.unit_parts
+        _same(fast_parts, fast, slow_parts, slow)
