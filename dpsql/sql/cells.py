@@ -123,7 +123,8 @@ class _Cells:
         if len(cols) == 1:
             c = next(iter(cols))
             truth = self.parts.unit_truth
-            units = np.stack([truth[(at(q.where, path), negated)] for q in members])
+            units = np.array([truth[(at(q.where, path), negated)] for q in members])  # rows
+            # of one length and type (np.stack's result, without its per-row work)
             per_part = units if c in self.parts.unit_parts else \
                 units[:, self.parts.first_units[c]]
             return np.broadcast_to(self.broadcast(c, per_part, (len(members),)), full)
@@ -185,8 +186,11 @@ def statement_rows(queries: list, policy, parts) -> tuple[list, list, list, int]
     batch: :func:`query_rows` of each statement in turn, computed kind by kind."""
     cells = _Cells(parts)
     kinds: dict = {}
+    known = parts.shapes
     for i, q in enumerate(queries):
-        key = (shape(q.where), q.count_column, q.grouping_sets, q.key_columns)
+        found = known.get(id(q))
+        sh = found[1] if found is not None and found[0] is q else shape(q.where)
+        key = (sh, q.count_column, q.grouping_sets, q.key_columns)
         kinds.setdefault(key, []).append(i)
     layouts = {key: [cells.layout(queries[idx[0]], policy, gs) for gs in key[2]]
                for key, idx in kinds.items()}

@@ -24,7 +24,7 @@ import functools
 import hashlib
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import scipy.sparse as sp
@@ -86,6 +86,9 @@ class Parts:
 
     partitions: tuple          # ColumnPartition per used column, in policy column order
     unit_truth: dict           # (one-column condition, under a NOT) -> truth per unit
+    #: id(statement) -> (statement, its WHERE's shape) (:func:`dpsql.sql.grouped.shape`), as
+    #: step 1 found them (step 3 asks again; a statement not here has its shape computed)
+    shapes: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def shape(self) -> tuple:
@@ -122,12 +125,13 @@ def _check_one_table(queries: list[Query]) -> None:
             "(submit one batch per table)")
 
 
-def _conditions(queries: list[Query], policy) -> tuple[list, set, dict]:
+def _conditions(queries: list[Query], policy,
+                of: dict | None = None) -> tuple[list, set, dict]:
     """Step 1: the used columns (policy order), the grouped ones, and each one-column
     sub-condition's truth per unit (Kleene; TRUE vs not-TRUE unless under a NOT): shape by
-    shape (:mod:`dpsql.sql.grouped`), or statement by statement when a condition fails (to
-    raise the first statement's error)."""
-    shapes = grouped.groups(queries)
+    shape (:mod:`dpsql.sql.grouped`; ``of``: see :func:`grouped.groups`), or statement by
+    statement when a condition fails (to raise the first statement's error)."""
+    shapes = grouped.groups(queries, of)
     used: set[str] = set().union(*(grouped.shape_columns(sh) for sh in shapes if sh))
     grouped_columns: set[str] = set()
     for count_column, sets in {(q.count_column, q.grouping_sets) for q in queries}:
@@ -180,7 +184,8 @@ def _partition(c: str, dom, signature: list) -> ColumnPartition:
 def compile_parts(queries: list[Query], policy) -> Parts:
     """Steps 1–2: the coarsest partition of every used column (no cells, no ``W``)."""
     _check_one_table(queries)
-    used, grouped_columns, unit_truth = _conditions(queries, policy)
+    shapes: dict = {}
+    used, grouped_columns, unit_truth = _conditions(queries, policy, shapes)
     partitions = []
     by_column: dict = {}               # every key is a one-column condition
     for (sub, _), t in unit_truth.items():
@@ -195,7 +200,7 @@ def compile_parts(queries: list[Query], policy) -> Parts:
             gid[dom.group_units()] = np.arange(len(dom.group_units()))
             signature.append(gid)
         partitions.append(_partition(c, dom, signature))
-    return Parts(tuple(partitions), unit_truth)
+    return Parts(tuple(partitions), unit_truth, shapes)
 
 
 def _check_cells(parts: Parts) -> None:

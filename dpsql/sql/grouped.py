@@ -66,11 +66,15 @@ def at(pred, path: tuple):
     return pred
 
 
-def groups(queries: list) -> dict:
-    """Statements by the shape of their WHERE, in batch order within each shape."""
+def groups(queries: list, of: dict | None = None) -> dict:
+    """Statements by the shape of their WHERE, in batch order within each shape; ``of``
+    (when given) gets ``id(statement) -> (statement, shape)``."""
     out: dict = {}
     for q in queries:
-        out.setdefault(shape(q.where), []).append(q)
+        sh = shape(q.where)
+        out.setdefault(sh, []).append(q)
+        if of is not None:
+            of[id(q)] = (q, sh)
     return out
 
 
