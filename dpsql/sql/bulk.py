@@ -182,9 +182,11 @@ def text(t: Template) -> str | None:
     return "".join(part + _render(lit) for part, lit in zip(t.text, lits)) + t.text[-1]
 
 
-#: literal renderings by (text, is a string), a pure function of the two (:func:`_render`)
+#: literal renderings by (text, is a string), a pure function of the two (:func:`_render`):
+#: at most this many, of literals of at most :data:`_RENDERED_CHARS` characters
 _RENDERED: dict = {}
 _RENDERED_MAX = 1 << 14
+_RENDERED_CHARS = 64
 
 
 def chunk_text(t: Template, chunk: list) -> str:
@@ -206,9 +208,10 @@ def chunk_text(t: Template, chunk: list) -> str:
 
 def _render_text(text: str, is_string: bool) -> str:
     rendered = _render(exp.Literal(this=text, is_string=is_string))   # a node per thread
-    if len(_RENDERED) >= _RENDERED_MAX:
-        _RENDERED.clear()
-    _RENDERED[(text, is_string)] = rendered
+    if len(text) <= _RENDERED_CHARS:
+        if len(_RENDERED) >= _RENDERED_MAX:
+            _RENDERED.clear()
+        _RENDERED[(text, is_string)] = rendered
     return rendered
 
 

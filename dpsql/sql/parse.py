@@ -32,8 +32,9 @@ from sqlglot import exp
 
 from dpsql import cancel
 from dpsql.errors import ParseError
-from dpsql.sql import bigquery, bulk, gcpause, hints, recipes
+from dpsql.sql import bigquery, bulk, gcpause, hints
 from dpsql.sql.ir import Query
+from dpsql.sql.recipes import recipe as _shape_recipe
 from dpsql.sql.refusals import ALLOWED_SUMMARY, _construct_name, _reject
 from dpsql.sql.select import _create_target, _select
 
@@ -171,4 +172,4 @@ def _statement(index: int, stmt: exp.Expression | None, resolve_table, text: str
 def _recipe(shape: bulk.Template, query: Query, resolve_table, chunk: list | None = None):
     """The shape's other statements' IR from their WHERE alone, or False
     (:func:`dpsql.sql.recipes.recipe`)."""
-    return recipes.recipe(shape, query, resolve_table, chunk)
+    return _shape_recipe(shape, query, resolve_table, chunk)
