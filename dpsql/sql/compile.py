@@ -174,9 +174,9 @@ def _partition(c: str, dom, signature: list) -> ColumnPartition:
     unit_to_part = np.fromiter((seen.setdefault(row.tobytes(), len(seen)) for row in sig),
                                dtype=np.int64, count=sig.shape[0])
     planning.check_grouping(c, dom.n_units, len(seen))
-    units = np.argsort(unit_to_part, kind="stable")
-    part_units = tuple(tuple(u.tolist()) for u in
-                       np.split(units, np.cumsum(np.bincount(unit_to_part))[:-1]))
+    units = np.argsort(unit_to_part, kind="stable").tolist()
+    ends = np.cumsum(np.bincount(unit_to_part)).tolist()    # each part's units, in order
+    part_units = tuple(tuple(units[a:b]) for a, b in zip([0] + ends[:-1], ends))
     unit_to_part.flags.writeable = False
     return ColumnPartition(c, unit_to_part, len(seen), part_units)
 
