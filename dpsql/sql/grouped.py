@@ -119,7 +119,8 @@ def _chunk(members: list, sh, parts: list, policy, unit_truth: dict) -> None:
         truth = np.broadcast_to(_kleene(_node(sh, path), mats, _first_atom(sh, path))[0],
                                 (len(members), n_units))
         if not negated:            # TRUE vs not-TRUE: np.where(truth == TRUE, TRUE, FALSE)
-            truth = (truth == TRUE).view(np.int8) * np.int8(TRUE)   # in int8 (FALSE is 0)
+            truth = (truth == TRUE).view(np.int8)          # in int8 (FALSE is 0), in place
+            truth *= np.int8(TRUE)
         for sub, row in zip(_at_all(members, path), truth):
             unit_truth.setdefault((sub, negated), row)
 

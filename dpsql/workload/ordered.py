@@ -188,8 +188,10 @@ class IntegerDomain(_OrderedDomain):
 
     def _one_integer_units(self, true_if: np.ndarray) -> np.ndarray:
         """:meth:`compare_many`'s rows where ``true_if`` (a row per literal) is exact."""
-        if not self.nullable:
-            return true_if.view(np.int8) * np.int8(TRUE)
+        if not self.nullable:                  # the comparison's own array, FALSE 0 TRUE 2
+            out = true_if.view(np.int8)
+            out *= np.int8(TRUE)
+            return out
         out = np.full((true_if.shape[0], self.n_units), UNKNOWN, dtype=np.int8)
         np.multiply(true_if.view(np.int8), np.int8(TRUE), out=out[:, : self.n_value_units])
         return out
