@@ -109,7 +109,8 @@ def _error(message: str, tok) -> ParseError:
 def rewrite(text: str) -> str:
     """``text`` with every differential privacy clause blanked (newlines kept) and every
     ``CLAMPED BETWEEN lo AND hi`` written ``, lo, hi``: same length, same positions."""
-    if "DIFFERENTIAL_PRIVACY" not in text.upper() and "CLAMPED" not in text.upper():
+    upper = text.upper()
+    if "DIFFERENTIAL_PRIVACY" not in upper and "CLAMPED" not in upper:
         return text
     chars = list(text)
 

@@ -182,6 +182,39 @@ def text(t: Template) -> str | None:
     return "".join(part + _render(lit) for part, lit in zip(t.text, lits)) + t.text[-1]
 
 
+#: literal renderings by (text, is a string), a pure function of the two (:func:`_render`):
+#: at most this many, of literals of at most :data:`_RENDERED_CHARS` characters
+_RENDERED: dict = {}
+_RENDERED_MAX = 1 << 14
+_RENDERED_CHARS = 64
+
+
+def chunk_text(t: Template, chunk: list) -> str:
+    """The DuckDB text :func:`instantiate` of ``chunk`` would give (:func:`text`), without
+    instantiating: each literal token rendered as its node would be (a ``Literal`` holding
+    the token's text; renderings remembered). ``t.text`` must not be None."""
+    out = []
+    for part, k in zip(t.text, t.order):
+        j, tok = t.literals[k]
+        key = (chunk[tok].text, t.nodes[j].is_string)
+        rendered = _RENDERED.get(key)
+        if rendered is None:
+            rendered = _render_text(*key)
+        out.append(part)
+        out.append(rendered)
+    out.append(t.text[-1])
+    return "".join(out)
+
+
+def _render_text(text: str, is_string: bool) -> str:
+    rendered = _render(exp.Literal(this=text, is_string=is_string))   # a node per thread
+    if len(text) <= _RENDERED_CHARS:
+        if len(_RENDERED) >= _RENDERED_MAX:
+            _RENDERED.clear()
+        _RENDERED[(text, is_string)] = rendered
+    return rendered
+
+
 def instantiate(t: Template, chunk: list, copy: bool = True) -> exp.Expression:
     """The template's tree with ``chunk``'s literals and positions: a new tree, or (``copy``
     False) the template's own, rewritten in place — valid until the next instantiation,
@@ -209,8 +242,14 @@ def statement_tokens(text: str, room: int) -> list | None:
     :class:`TooManyStatements` before any is parsed; tokenizer errors propagate."""
     parts: list = []
     try:
-        for piece in split.pieces(text):   # a cancel lands between pieces; a piece ends at a
-            parts.extend(chunks(piece))    # statement's ``;``, so no statement spans two
+        if len(text) <= split.PIECE_CHARS:
+            # one piece, read whole as :func:`split.pieces` reads it (no generator per
+            # statement); a text without ``;`` has no SEMICOLON token: one statement
+            tokens = split.one_piece(text)
+            parts = chunks(tokens) if ";" in text else [tokens] if tokens else []
+        else:
+            for piece in split.pieces(text):   # a cancel lands between pieces; a piece ends
+                parts.extend(chunks(piece))    # at a ``;``, so no statement spans two
     except BaseException:
         parts.clear()    # a cancel: the tokens go now, not with the traceback that holds this
         raise            # frame (the collector, back on, would walk them first: gcpause)
@@ -222,20 +261,22 @@ def statement_tokens(text: str, room: int) -> list | None:
 
 
 def statements(sql: str, parts: list, parse_chunk, cache: dict, copy: bool = True):
-    """Yield ``(tree, its DuckDB text or None, its shape's Template or None)`` for the
-    statements ``parts`` of ``sql``, each shape parsed once by ``parse_chunk(tokens, sql)``
-    (one tree); ``cache`` maps shapes to templates across the texts of one batch; ``copy``:
-    see :func:`instantiate` (the text is given for in-place instantiations only: a copy may
-    be changed by its caller). A shape's first statement, parsed, comes with the template
-    made from it: its tree has the template's structure, node for node."""
+    """Yield ``(tree, its DuckDB text or None, its shape's Template or None, tokens)`` for
+    the statements ``parts`` of ``sql``, each shape parsed once by ``parse_chunk(tokens,
+    sql)`` (one tree); ``cache`` maps shapes to templates across the texts of one batch.
+    ``copy`` True: every tree is a new one. ``copy`` False: a later statement of a shape
+    comes as ``(None, None, template, tokens)``, for the caller to read from its tokens or
+    to :func:`instantiate` in place (then its text is :func:`text`). A shape's first
+    statement, parsed, comes with the template made from it: its tree has the template's
+    structure, node for node."""
     for chunk in parts:
         key = shape(chunk)
         found = cache.get(key) if key is not None else None
         if found:
-            tree = instantiate(found, chunk, copy)
-            yield tree, None if copy else text(found), found
+            yield (instantiate(found, chunk), None, found, chunk) if copy else \
+                (None, None, found, chunk)
             continue
         tree = parse_chunk(chunk, sql)
         if key is not None and key not in cache:
             cache[key] = template(tree.copy(), chunk) or False
-        yield tree, None, (cache[key] or None) if key is not None else None
+        yield tree, None, (cache[key] or None) if key is not None else None, chunk

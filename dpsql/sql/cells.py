@@ -123,8 +123,10 @@ class _Cells:
         if len(cols) == 1:
             c = next(iter(cols))
             truth = self.parts.unit_truth
-            units = np.stack([truth[(at(q.where, path), negated)] for q in members])
-            per_part = units[:, self.parts.first_units[c]]
+            units = np.array([truth[(at(q.where, path), negated)] for q in members])  # rows
+            # of one length and type (np.stack's result, without its per-row work)
+            per_part = units if c in self.parts.unit_parts else \
+                units[:, self.parts.first_units[c]]
             return np.broadcast_to(self.broadcast(c, per_part, (len(members),)), full)
         if sh[0] == "not":
             inner = self.evaluate_many(sh[1][0], members, path + (0,), True)
@@ -184,8 +186,11 @@ def statement_rows(queries: list, policy, parts) -> tuple[list, list, list, int]
     batch: :func:`query_rows` of each statement in turn, computed kind by kind."""
     cells = _Cells(parts)
     kinds: dict = {}
+    known = parts.shapes
     for i, q in enumerate(queries):
-        key = (shape(q.where), q.count_column, q.grouping_sets, q.key_columns)
+        found = known.get(id(q))
+        sh = found[1] if found is not None and found[0] is q else shape(q.where)
+        key = (sh, q.count_column, q.grouping_sets, q.key_columns)
         kinds.setdefault(key, []).append(i)
     layouts = {key: [cells.layout(queries[idx[0]], policy, gs) for gs in key[2]]
                for key, idx in kinds.items()}
@@ -199,8 +204,11 @@ def statement_rows(queries: list, policy, parts) -> tuple[list, list, list, int]
         like = make_output(queries[idx[0]], 0, 0, [k for lay in layouts[key] for k in lay[2]],
                            [lay[3] for lay in layouts[key] for _ in lay[2]])
         shared = (like.key_columns, like.key_sources, like.keys, like.grouping_ids)
+        fields = dict(zip(("key_columns", "key_sources", "keys", "grouping_ids"), shared))
         for i, start, stop in zip(idx, starts[idx].tolist(), (starts[idx] + sizes[idx]).tolist()):
-            outputs[i] = Output(queries[i], start, stop, *shared)
+            out = outputs[i] = object.__new__(Output)   # frozen, no __post_init__: its
+            out.__dict__.update(query=queries[i], start=start, stop=stop)  # fields, in order
+            out.__dict__.update(fields)
         step = max(1, CHUNK_VALUES // max(1, int(np.prod(cells.shape, dtype=np.int64))))
         for first in range(0, len(idx), step):
             cancel.check()
@@ -218,7 +226,13 @@ def _kind_rows(cells: _Cells, policy, key, members, starts, layout, rows, cols) 
     mask = mask.reshape(len(members), -1)
     offset = 0
     for group_index, valid, set_keys, _ in layout:
-        which, cell = np.nonzero(mask & valid)
-        rows.append(starts[which] + offset + group_index[cell])
+        # every cell in a group, all in the first (no GROUP BY): the sums below, skipped
+        which, cell = np.nonzero(mask if valid.all() else mask & valid)
+        row = starts[which]
+        if offset:
+            row += offset
+        if group_index.any():
+            row += group_index[cell]
+        rows.append(row)
         cols.append(cell)
         offset += len(set_keys)

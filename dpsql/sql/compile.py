@@ -24,7 +24,7 @@ import functools
 import hashlib
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import scipy.sparse as sp
@@ -86,6 +86,9 @@ class Parts:
 
     partitions: tuple          # ColumnPartition per used column, in policy column order
     unit_truth: dict           # (one-column condition, under a NOT) -> truth per unit
+    #: id(statement) -> (statement, its WHERE's shape) (:func:`dpsql.sql.grouped.shape`), as
+    #: step 1 found them (step 3 asks again; a statement not here has its shape computed)
+    shapes: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def shape(self) -> tuple:
@@ -103,6 +106,11 @@ class Parts:
     def first_units(self) -> dict:      # each part's first unit, per column (asked per query)
         return {p.column: np.array([u[0] for u in p.part_units]) for p in self.partitions}
 
+    @functools.cached_property
+    def unit_parts(self) -> frozenset:  # columns whose parts are their units, in order
+        return frozenset(p.column for p in self.partitions if p.n_parts == len(p.unit_to_part)
+                         and np.array_equal(self.first_units[p.column], np.arange(p.n_parts)))
+
     def part_truth(self, sub: Predicate, negated: bool = False, column=None) -> np.ndarray:
         """Truth of a one-column condition on each part of its column (constant on a part)."""
         c = next(iter(_columns(sub))) if column is None else column
@@ -117,12 +125,13 @@ def _check_one_table(queries: list[Query]) -> None:
             "(submit one batch per table)")
 
 
-def _conditions(queries: list[Query], policy) -> tuple[list, set, dict]:
+def _conditions(queries: list[Query], policy,
+                of: dict | None = None) -> tuple[list, set, dict]:
     """Step 1: the used columns (policy order), the grouped ones, and each one-column
     sub-condition's truth per unit (Kleene; TRUE vs not-TRUE unless under a NOT): shape by
-    shape (:mod:`dpsql.sql.grouped`), or statement by statement when a condition fails (to
-    raise the first statement's error)."""
-    shapes = grouped.groups(queries)
+    shape (:mod:`dpsql.sql.grouped`; ``of``: see :func:`grouped.groups`), or statement by
+    statement when a condition fails (to raise the first statement's error)."""
+    shapes = grouped.groups(queries, of)
     used: set[str] = set().union(*(grouped.shape_columns(sh) for sh in shapes if sh))
     grouped_columns: set[str] = set()
     for count_column, sets in {(q.count_column, q.grouping_sets) for q in queries}:
@@ -165,9 +174,9 @@ def _partition(c: str, dom, signature: list) -> ColumnPartition:
     unit_to_part = np.fromiter((seen.setdefault(row.tobytes(), len(seen)) for row in sig),
                                dtype=np.int64, count=sig.shape[0])
     planning.check_grouping(c, dom.n_units, len(seen))
-    units = np.argsort(unit_to_part, kind="stable")
-    part_units = tuple(tuple(u.tolist()) for u in
-                       np.split(units, np.cumsum(np.bincount(unit_to_part))[:-1]))
+    units = np.argsort(unit_to_part, kind="stable").tolist()
+    ends = np.cumsum(np.bincount(unit_to_part)).tolist()    # each part's units, in order
+    part_units = tuple(tuple(units[a:b]) for a, b in zip([0] + ends[:-1], ends))
     unit_to_part.flags.writeable = False
     return ColumnPartition(c, unit_to_part, len(seen), part_units)
 
@@ -175,7 +184,8 @@ def _partition(c: str, dom, signature: list) -> ColumnPartition:
 def compile_parts(queries: list[Query], policy) -> Parts:
     """Steps 1–2: the coarsest partition of every used column (no cells, no ``W``)."""
     _check_one_table(queries)
-    used, grouped_columns, unit_truth = _conditions(queries, policy)
+    shapes: dict = {}
+    used, grouped_columns, unit_truth = _conditions(queries, policy, shapes)
     partitions = []
     by_column: dict = {}               # every key is a one-column condition
     for (sub, _), t in unit_truth.items():
@@ -190,7 +200,7 @@ def compile_parts(queries: list[Query], policy) -> Parts:
             gid[dom.group_units()] = np.arange(len(dom.group_units()))
             signature.append(gid)
         partitions.append(_partition(c, dom, signature))
-    return Parts(tuple(partitions), unit_truth)
+    return Parts(tuple(partitions), unit_truth, shapes)
 
 
 def _check_cells(parts: Parts) -> None:

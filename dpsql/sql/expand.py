@@ -65,6 +65,9 @@ class Expansion:
 
 def expand(queries: list, policy) -> Expansion:
     """The batch as plain COUNT statements (see the module docstring)."""
+    if not any(map(needs_assembly, queries)):     # plain COUNT statements: as they are
+        cancel.check()
+        return Expansion(list(queries), list(range(len(queries))))
     plain: list = []
     families: dict = {}
     statements: list = []

@@ -66,11 +66,15 @@ def at(pred, path: tuple):
     return pred
 
 
-def groups(queries: list) -> dict:
-    """Statements by the shape of their WHERE, in batch order within each shape."""
+def groups(queries: list, of: dict | None = None) -> dict:
+    """Statements by the shape of their WHERE, in batch order within each shape; ``of``
+    (when given) gets ``id(statement) -> (statement, shape)``."""
     out: dict = {}
     for q in queries:
-        out.setdefault(shape(q.where), []).append(q)
+        sh = shape(q.where)
+        out.setdefault(sh, []).append(q)
+        if of is not None:
+            of[id(q)] = (q, sh)
     return out
 
 
@@ -95,18 +99,6 @@ def conditions(shapes: dict, policy) -> dict | None:
     return unit_truth
 
 
-def atoms(pred, out: list) -> list:
-    """``pred``'s atoms, depth first (:func:`dpsql.sql.conditions._atoms`), appended to
-    ``out``."""
-    kind = type(pred)
-    if kind is Atom:
-        out.append(pred)
-    elif kind is BoolOp:
-        for child in pred.children:
-            atoms(child, out)
-    return out
-
-
 def first_column(pred) -> str | None:
     """The column of ``pred``'s first atom (depth first), None without one."""
     kind = type(pred)
@@ -121,16 +113,36 @@ def first_column(pred) -> str | None:
 
 
 def _chunk(members: list, sh, parts: list, policy, unit_truth: dict) -> None:
-    atoms_of = [atoms(q.where, []) for q in members]
-    mats = [_atom_rows([a[i] for a in atoms_of], policy) for i in range(len(atoms_of[0]))]
+    mats = [_atom_rows(_at_all(members, path), policy) for path in _atom_paths(sh)]
     for column, path, negated in parts:
         n_units = policy.column(column).n_units
         truth = np.broadcast_to(_kleene(_node(sh, path), mats, _first_atom(sh, path))[0],
                                 (len(members), n_units))
-        if not negated:
-            truth = np.where(truth == TRUE, TRUE, FALSE).astype(np.int8)
-        for q, row in zip(members, truth):
-            unit_truth.setdefault((at(q.where, path), negated), row)
+        if not negated:            # TRUE vs not-TRUE: np.where(truth == TRUE, TRUE, FALSE)
+            truth = (truth == TRUE).view(np.int8)          # in int8 (FALSE is 0), in place
+            truth *= np.int8(TRUE)
+        for sub, row in zip(_at_all(members, path), truth):
+            unit_truth.setdefault((sub, negated), row)
+
+
+def _atom_paths(sh, path: tuple = ()):
+    """The paths of the shape's atoms, depth first (the order of
+    :func:`dpsql.sql.conditions._atoms`)."""
+    if sh[0] == "atom":
+        yield path
+    elif sh[0] != "const":
+        for i, child in enumerate(sh[1]):
+            yield from _atom_paths(child, path + (i,))
+
+
+def _at_all(members: list, path: tuple) -> list:
+    """:func:`at` of every statement's WHERE (the common short paths without a call each)."""
+    if not path:
+        return [q.where for q in members]
+    if len(path) == 1:
+        i = path[0]
+        return [q.where.children[i] for q in members]
+    return [at(q.where, path) for q in members]
 
 
 def _atom_rows(atoms: list, policy) -> np.ndarray:

@@ -39,18 +39,15 @@ def _literal(node: exp.Expression, at: exp.Expression | None = None) -> Any:
                 raise _reject("negating a string", node, at=at)
             return str(node.this)
         text = str(node.this)
-        exponent = _EXPONENT.search(text)
-        if exponent is not None and abs(int(exponent.group(1))) > MAX_EXPONENT:
-            # Fraction('1e100000000') would build a 100-million-digit integer (minutes, with
-            # the database held); no declared domain needs such a number
-            raise _reject(f"number {text[:40]!r} (exponent beyond ±{MAX_EXPONENT})", node,
-                          at=at)
-        try:
-            value: Any = int(text) if text.lstrip("-").isdigit() else Fraction(text)
-        except (ValueError, ZeroDivisionError):
-            raise _reject(f"number {text!r}", node, at=at) from None
-        if isinstance(value, Fraction) and value.denominator == 1:
-            value = int(value)
+        value = number(text)
+        if value is None:
+            exponent = _EXPONENT.search(text)
+            if exponent is not None and abs(int(exponent.group(1))) > MAX_EXPONENT:
+                # Fraction('1e100000000') would build a 100-million-digit integer (minutes,
+                # with the database held); no declared domain needs such a number
+                raise _reject(f"number {text[:40]!r} (exponent beyond ±{MAX_EXPONENT})",
+                              node, at=at)
+            raise _reject(f"number {text!r}", node, at=at)
         return -value if neg else value
     if isinstance(node, exp.Null):
         raise _reject("comparison with NULL", node,
@@ -60,3 +57,20 @@ def _literal(node: exp.Expression, at: exp.Expression | None = None) -> Any:
                       "bind parameters before submitting", at=at)
     raise _reject(f"expression {node.sql()!r}", node,
                   "compare a column with a literal constant", at=at)
+
+
+def number(text: str) -> Any:
+    """A number literal's value (integer, or exact decimal as Fraction) from its text, or
+    None when :func:`_literal` refuses it (it says why)."""
+    if text.isdecimal():           # digits alone (the common case): no exponent, an int
+        return int(text)
+    exponent = _EXPONENT.search(text)
+    if exponent is not None and abs(int(exponent.group(1))) > MAX_EXPONENT:
+        return None
+    try:
+        value: Any = int(text) if text.lstrip("-").isdigit() else Fraction(text)
+    except (ValueError, ZeroDivisionError):
+        return None
+    if isinstance(value, Fraction) and value.denominator == 1:
+        value = int(value)
+    return value

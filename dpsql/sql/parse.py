@@ -34,8 +34,9 @@ from dpsql import cancel
 from dpsql.errors import ParseError
 from dpsql.sql import bigquery, bulk, gcpause, hints
 from dpsql.sql.ir import Query
+from dpsql.sql.recipes import recipe as _shape_recipe
 from dpsql.sql.refusals import ALLOWED_SUMMARY, _construct_name, _reject
-from dpsql.sql.select import _create_target, _select, where_reader
+from dpsql.sql.select import _create_target, _select
 
 #: limits that keep parsing and compiling bounded (explain is free, so it must stay fast).
 #: A batch of repeated statement shapes parses at about 0.3 ms per statement
@@ -54,17 +55,18 @@ logging.getLogger("sqlglot").setLevel(logging.CRITICAL)
 def split_statements(sql: str | Sequence[str]) -> list[exp.Expression]:
     """Parse the text(s) with sqlglot's DuckDB dialect; errors point at line and column."""
     with gcpause.young_only():
-        out = [tree for tree, _, _ in _trees(sql, copy=True)]
+        out = [tree for tree, _, _, _ in _trees(sql, copy=True)]
     if not out:
         raise ParseError("no SQL statement given")
     return out
 
 
 def _trees(sql: str | Sequence[str], copy: bool):
-    """Yield each statement's ``(tree, DuckDB text or None, shape's template or None)``
-    (:mod:`dpsql.sql.bulk`: each shape parsed once; ``copy`` False: a yielded tree is valid
-    until the next one is asked for, and its text, when given, is the tree's generated
-    text)."""
+    """Yield each statement's ``(tree, DuckDB text or None, shape's template or None, its
+    tokens or None)`` (:mod:`dpsql.sql.bulk`: each shape parsed once; ``copy`` False: a
+    later statement of a shape comes without its tree (:func:`bulk.statements`), a yielded
+    tree is valid until the next one is asked for, and its text, when given, is the tree's
+    generated text)."""
     texts = [sql] if isinstance(sql, str) else list(sql)
     if not texts or any(not isinstance(t, str) for t in texts):
         raise ParseError("expected SQL text (a string, or a list of strings)")
@@ -74,21 +76,21 @@ def _trees(sql: str | Sequence[str], copy: bool):
                          f"{MAX_SQL_CHARS:,}; split it into several requests")
     shapes: dict = {}
     count = 0
-    for text in cancel.checked(texts):
-        with _sqlglot_errors():
+    with _sqlglot_errors():                  # one block for the batch, not one per text
+        for text in cancel.checked(texts):
             text = bigquery.rewrite(text)    # BigQuery's DP clause, CLAMPED BETWEEN: in place
             parts = bulk.statement_tokens(text, MAX_STATEMENTS - count)
-            trees = ((t, None, None) for t in sqlglot.parse(text, dialect="duckdb")) \
+            trees = ((t, None, None, None) for t in sqlglot.parse(text, dialect="duckdb")) \
                 if parts is None else bulk.statements(text, parts, _parse_chunk, shapes, copy)
-            for tree, generated, shape in trees:
-                if tree is None or isinstance(tree, exp.Semicolon):
+            for tree, generated, shape, chunk in trees:
+                if shape is None and (tree is None or isinstance(tree, exp.Semicolon)):
                     continue
                 count += 1
                 if count > MAX_STATEMENTS:
                     raise _too_many()
                 cancel.check()            # a token cancel lands between statements
                 gcpause.tick()
-                yield tree, generated, shape
+                yield tree, generated, shape, chunk
 
 
 @contextlib.contextmanager
@@ -132,8 +134,8 @@ def parse_batch(sql: str | Sequence[str],
     recipes: dict = {}       # a shape's template (by id: it lives as long as the batch) ->
     try:                     # its statements' IR from their WHERE alone (:func:`_recipe`)
         with gcpause.young_only():
-            out = [_statement(i, stmt, resolve_table, text, shape, recipes)
-                   for i, (stmt, text, shape) in enumerate(_trees(sql, copy=False))]
+            out = [_statement(i, stmt, resolve_table, text, shape, recipes, chunk)
+                   for i, (stmt, text, shape, chunk) in enumerate(_trees(sql, copy=False))]
     except RecursionError:
         raise ParseError("a condition is nested too deeply; simplify it") from None
     if not out:
@@ -141,11 +143,14 @@ def parse_batch(sql: str | Sequence[str],
     return out
 
 
-def _statement(index: int, stmt: exp.Expression, resolve_table, text: str | None,
-               shape: bulk.Template | None = None, recipes: dict | None = None) -> Query:
+def _statement(index: int, stmt: exp.Expression | None, resolve_table, text: str | None,
+               shape: bulk.Template | None = None, recipes: dict | None = None,
+               chunk: list | None = None) -> Query:
     recipe = recipes.get(id(shape)) if shape is not None else None
     if recipe:
-        return recipe(index, stmt, text)
+        return recipe(index, stmt, text, chunk)
+    if stmt is None:                       # a later statement of its shape, not read yet
+        stmt, text = bulk.instantiate(shape, chunk, copy=False), bulk.text(shape)
     target, replace, select = _create_target(stmt)
     if not isinstance(select, exp.Select):
         kind = hints.statement_kind(select)
@@ -160,32 +165,11 @@ def _statement(index: int, stmt: exp.Expression, resolve_table, text: str | None
     object.__setattr__(query, "sql", text if text is not None else
                        stmt.sql(dialect="duckdb", copy=False))
     if shape is not None and id(shape) not in recipes:
-        recipes[id(shape)] = _recipe(shape, query, resolve_table)
+        recipes[id(shape)] = _recipe(shape, query, resolve_table, chunk)
     return query
 
 
-def _recipe(shape: bulk.Template, query: Query, resolve_table):
-    """``build(index, tree, text)``: the IR of the shape's other statements, or False.
-
-    Statements of one shape differ only in their literals and positions (:mod:`bulk`), and
-    :func:`_select` reads every part of a statement but the WHERE from token types and
-    names alone. So when every literal lies inside the WHERE and no public table is joined
-    (a join rewrites the WHERE), another statement's IR is this one's with its own index,
-    text and WHERE — read by the same function, so it raises the same errors."""
-    select = _create_target(shape.tree)[2]
-    where = select.args.get("where")
-    inside = {id(n) for n in where.walk()} if where is not None else set()
-    if any(id(shape.nodes[j]) not in inside for j, _ in shape.literals):
-        return False
-    read = where_reader(select, resolve_table)
-    if read is None:
-        return False
-
-    def build(index: int, stmt: exp.Expression, text: str | None) -> Query:
-        out = object.__new__(Query)          # a frozen dataclass without __post_init__
-        out.__dict__.update(query.__dict__)
-        out.__dict__.update(index=index, where=read(_create_target(stmt)[2]),
-                            sql=text if text is not None else
-                            stmt.sql(dialect="duckdb", copy=False))
-        return out
-    return build
+def _recipe(shape: bulk.Template, query: Query, resolve_table, chunk: list | None = None):
+    """The shape's other statements' IR from their WHERE alone, or False
+    (:func:`dpsql.sql.recipes.recipe`)."""
+    return _shape_recipe(shape, query, resolve_table, chunk)

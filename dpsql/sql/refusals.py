@@ -26,17 +26,23 @@ def _position(node: exp.Expression | None) -> tuple[int | None, int | None]:
     sqlglot keeps positions on leaf tokens only, with ``col`` at the token's last character;
     the start column is ``col - (end - start)``.
     """
-    if node is None:
-        return None, None
-    best = None
-    for sub in node.walk():
-        meta = getattr(sub, "_meta", None) or {}
-        if "line" in meta and "start" in meta:
-            if best is None or meta["start"] < best["start"]:
-                best = meta
+    best = earliest(node) if node is not None else None
     if best is None:
         return None, None
-    return best["line"], max(1, best.get("col", 1) - (best.get("end", 0) - best["start"]))
+    meta = best._meta
+    return meta["line"], max(1, meta.get("col", 1) - (meta.get("end", 0) - meta["start"]))
+
+
+def earliest(node: exp.Expression) -> exp.Expression | None:
+    """The node of ``node``'s subtree whose position :func:`_position` reports (the first,
+    in walk order, of those with the smallest start), or None."""
+    best, start = None, None
+    for sub in node.walk():
+        meta = getattr(sub, "_meta", None)
+        if meta and "line" in meta and "start" in meta:
+            if best is None or meta["start"] < start:
+                best, start = sub, meta["start"]
+    return best
 
 
 def _reject(what: str, node: exp.Expression | None, hint: str = "",

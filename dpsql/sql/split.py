@@ -125,6 +125,15 @@ def pieces(text: str, chars: int = PIECE_CHARS) -> Iterator[list]:
         start = end
 
 
+def one_piece(text: str) -> list:
+    """:func:`tokens` of a text of at most :data:`PIECE_CHARS` characters (one piece: read
+    in one call, as :func:`pieces` reads it), checking the cancel token first."""
+    cancel.check()
+    tokens = _tokenize(text)
+    gcpause.tick(len(tokens) // 20)
+    return tokens
+
+
 def _piece(text: str, start: int, chars: int) -> tuple[int, list]:
     """(end, tokens) of the piece starting at ``start`` (tokens relative to it)."""
     size = len(text)

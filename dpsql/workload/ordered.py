@@ -69,6 +69,11 @@ class _OrderedDomain(_Units):
         return None
 
 
+#: ``column op literal`` on a unit holding one integer ``u``: ``_COMPARE[op](u, literal)``
+_COMPARE = {"=": np.equal, "<": np.less, "<=": np.less_equal, ">": np.greater,
+            ">=": np.greater_equal}
+
+
 @functools.lru_cache(maxsize=64)
 def _unit_bounds(lo: int, hi: int, step: int) -> tuple[np.ndarray, np.ndarray]:
     """(first, last) integer of every unit of ``IntegerDomain(lo, hi, step)``, read-only:
@@ -163,6 +168,8 @@ class IntegerDomain(_OrderedDomain):
             return out
         lo, hi = _unit_bounds(self.min, self.max, self.step)
         c = np.fromiter(values, dtype=np.int64, count=len(values))[:, None]
+        if self.step == 1:          # a unit is one integer (lo == hi): TRUE or FALSE on it
+            return self._one_integer_units(_COMPARE[op](lo, c))
         if op == "=":
             true_if, false_if = (lo == c) & (hi == c), (hi < c) | (lo > c)
         elif op == "<":
@@ -177,6 +184,16 @@ class IntegerDomain(_OrderedDomain):
             return None
         out = np.full((len(values), self.n_units), UNKNOWN, dtype=np.int8)
         out[:, : self.n_value_units] = np.where(true_if, TRUE, FALSE)
+        return out
+
+    def _one_integer_units(self, true_if: np.ndarray) -> np.ndarray:
+        """:meth:`compare_many`'s rows where ``true_if`` (a row per literal) is exact."""
+        if not self.nullable:                  # the comparison's own array, FALSE 0 TRUE 2
+            out = true_if.view(np.int8)
+            out *= np.int8(TRUE)
+            return out
+        out = np.full((true_if.shape[0], self.n_units), UNKNOWN, dtype=np.int8)
+        np.multiply(true_if.view(np.int8), np.int8(TRUE), out=out[:, : self.n_value_units])
         return out
 
     def _bounds(self, unit: int):

@@ -20,6 +20,7 @@ SPEC = {"epsilon": 1.0, "delta": 1e-6, "columns": {
           "nullable": True},
     "c": {"type": "categorical", "values": ["a", "b", "c", "d"], "nullable": True},
     "k": {"type": "categorical", "values": [1, 2, 3]},
+    "z": {"type": "integer", "min": -3, "max": 12},
 }}
 
 VARIED = (
@@ -51,7 +52,9 @@ VARIED = (
        "SELECT c, k, COUNT(*) FROM t WHERE y < 10 GROUP BY CUBE (c, k)",
        "SELECT k, c, COUNT(x) FROM t WHERE x BETWEEN 5 AND 50 GROUP BY ROLLUP (k, c)",
        "SELECT y, COUNT(*) FROM t WHERE c = 'a' GROUP BY y",
-       "CREATE TABLE r AS SELECT COUNT(*) FROM t WHERE x = 8"]
+       "CREATE TABLE r AS SELECT COUNT(*) FROM t WHERE x = 8",
+       "SELECT COUNT(*) FROM t WHERE z BETWEEN -1 AND 7", "SELECT COUNT(*) FROM t WHERE z <> 3",
+       "SELECT COUNT(*) FROM t WHERE z = 20 OR z < -2", "SELECT COUNT(*) FROM t WHERE z >= 12"]
 )
 
 
@@ -140,7 +143,8 @@ def test_the_first_error_is_the_statement_by_statement_one(monkeypatch, bad):
 def test_vectorised_compares_equal_compare():
     policy = _policy()
     for column, values in (("x", [-5, 0, 1, 50, 99, 100, 2 ** 62]),
-                           ("y", [-20, -15, 0, 35, 39, 40, -25, 60])):
+                           ("y", [-20, -15, 0, 35, 39, 40, -25, 60]),
+                           ("z", [-5, -3, 0, 12, 13, 2 ** 62, -2 ** 62])):
         dom = policy.column(column)
         for op in ("=", "<>", "<", "<=", ">", ">="):
             ok = []
@@ -162,3 +166,17 @@ def test_vectorised_compares_equal_compare():
     assert dom.compare_many("<", ["a"]) is None
     assert policy.column("k").compare_many("=", ["1"]) is None
     assert policy.column("x").compare_many("=", [True]) is None
+
+
+def test_parts_that_are_units_and_sets_without_groups(monkeypatch):
+    """Every unit of a column its own part (no gather of parts), statements with and
+    without GROUP BY and COUNT(col) in one batch, in two orders."""
+    sql = ([f"SELECT COUNT(*) FROM t WHERE z = {v}" for v in range(-3, 13)]
+           + [f"SELECT COUNT(*) FROM t WHERE z BETWEEN {a} AND {a + 4}" for a in range(-5, 14)]
+           + ["SELECT k, COUNT(*) FROM t WHERE z > 2 GROUP BY k",
+              "SELECT COUNT(z) FROM t WHERE z <> 5", "SELECT k, COUNT(*) FROM t GROUP BY k",
+              "SELECT z, COUNT(*) FROM t WHERE NOT z < 0 GROUP BY ROLLUP (z)"])
+    for batch in (sql, list(reversed(sql))):
+        fast_parts, fast, slow_parts, slow = _both(monkeypatch, batch)
+        assert "z" in fast_parts.unit_parts and "k" in fast_parts.unit_parts
+        _same(fast_parts, fast, slow_parts, slow)
