@@ -49,7 +49,7 @@ def fingerprint(name: str, strategy, info: WorkloadInfo, family: str = "gaussian
     options = getattr(strategy, "options", None)
     h.update(json.dumps([name, _model(family), repr(options), list(info.shape), info.n,
                          info.m], sort_keys=True).encode())
-    h.update(np.ascontiguousarray(info.V, dtype=np.float64).tobytes())
+    h.update(memoryview(np.ascontiguousarray(info.V, dtype=np.float64)).cast("B"))
     if getattr(strategy, "relative", False) and info.W is not None:
         h.update(b"rows:" + workload_hash(info.W).encode())
     return h.hexdigest()
