@@ -135,6 +135,7 @@ SPARK_SESSION_FILES = (
 )
 
 
+@pytest.hookimpl(optionalhook=True)   # pytest-xdist's hook: no error when it is not installed
 def pytest_xdist_make_scheduler(config, log):
     """``--dist loadfile`` (the default run) with the Spark files as one unit; any other
     ``--dist`` is xdist's own."""
