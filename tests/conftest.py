@@ -120,3 +120,32 @@ def spark_session(tmp_path_factory):
              .getOrCreate())
     yield spark
     spark.stop()
+
+
+# --------------------------------------------------------------------------- scheduling
+#: the files that share the session's one Spark (``spark_session``): under ``--dist loadfile``
+#: they are one work unit, so one worker starts one JVM for all of them; as separate files
+#: they could land on both workers and each start its own (a clean run showed two starts,
+#: 54 s and 21 s of setup at load ~8)
+SPARK_SESSION_FILES = (
+    "tests/engines/test_spark_cluster.py",
+    "tests/engines/test_spark_equivalence.py",
+    "tests/engines/test_spark_release.py",
+    "tests/engines/test_spark_sums_units.py",
+)
+
+
+@pytest.hookimpl(optionalhook=True)   # pytest-xdist's hook: no error when it is not installed
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` (the default run) with the Spark files as one unit; any other
+    ``--dist`` is xdist's own."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class LoadFileOneSpark(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return "tests/engines (spark session)" if scope in SPARK_SESSION_FILES else scope
+
+    return LoadFileOneSpark(config, log)

@@ -1,4 +1,6 @@
-"""Fixtures shared by the DB-API tests (test_dbapi.py, test_dbapi_settings.py)."""
+"""Fixtures shared by the interface tests: a fresh protected Adult copy and a DB-API
+connection (test_dbapi.py, test_dbapi_settings.py), and a fork server for modules that run many
+short ``dpsql`` commands (test_examples.py, test_cli.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ import shutil
 import pytest
 
 from dpsql.interfaces import dbapi
+
+from .zygote import Zygote
 
 
 @pytest.fixture
@@ -24,3 +28,12 @@ def conn(path):
     yield c
     if not c.closed:
         c.close()
+
+
+@pytest.fixture(scope="module")
+def zygote(tmp_path_factory):
+    """A fork server that imports dpsql once per test module: each ``dpsql`` command and
+    Python block still runs in a process of its own (argv, directory, environment, streams
+    and exit status), without paying a fresh interpreter's imports (seconds each)."""
+    with Zygote(tmp_path_factory.mktemp("zygote")) as z:
+        yield z

@@ -1,4 +1,9 @@
-"""The command line: demo, protect, explain, run, budget, ledger; errors without tracebacks."""
+"""The command line: demo, protect, explain, run, budget, ledger; errors without tracebacks.
+
+The demo runs in a fresh interpreter (``python -m dpsql.interfaces.cli``); every other
+command is ``python -m dpsql`` in a process of its own forked from a fork server that has
+dpsql imported (tests/interfaces/zygote.py): same argv, streams and exit status, without a
+fresh interpreter's seconds of imports per command."""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import subprocess
 import sys
 
 import duckdb
+import pytest
 
 from ..conftest import ROOT, raw_adult_file
 
@@ -20,13 +26,21 @@ hours_per_week = { type = "numeric", min = 0, max = 100, edges = [0, 20, 40, 60,
 """
 
 
-def dpsql(*args, stdin=None):
-    return subprocess.run([sys.executable, "-m", "dpsql.interfaces.cli", *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, input=stdin, timeout=300)
+def run(argv, stdin=None):
+    return subprocess.run([str(a) for a in argv], cwd=ROOT, capture_output=True, text=True,
+                          input=stdin, timeout=300)
 
 
-def test_demo_runs_from_the_packaged_data(tmp_path):
-    out = dpsql("demo", "--db", tmp_path / "demo.duckdb")
+@pytest.fixture
+def dpsql(zygote):
+    """``dpsql(*args, stdin=None)``: ``python -m dpsql ARGS``, forked from the fork server."""
+    return lambda *args, stdin=None: run(zygote.argv("module", "dpsql", *args), stdin)
+
+
+def test_demo_runs_from_the_packaged_data(tmp_path, dpsql):
+    """A fresh interpreter: the module's own ``__main__`` and every import it needs."""
+    out = run([sys.executable, "-m", "dpsql.interfaces.cli", "demo", "--db",
+               tmp_path / "demo.duckdb"])
     assert out.returncode == 0, out.stderr
     assert "release 1 on adult" in out.stdout
     assert "expected RMSE" in out.stdout and "budget" in out.stdout
@@ -37,7 +51,7 @@ def test_demo_runs_from_the_packaged_data(tmp_path):
     assert again.returncode == 65 and "already exists" in again.stderr
 
 
-def test_protect_explain_run_budget_ledger(tmp_path):
+def test_protect_explain_run_budget_ledger(tmp_path, dpsql):
     import shutil
 
     db = tmp_path / "cli.duckdb"
@@ -72,12 +86,12 @@ def test_protect_explain_run_budget_ledger(tmp_path):
     assert "0.5" in out.stdout
 
 
-def test_missing_database_is_a_clear_error(tmp_path):
+def test_missing_database_is_a_clear_error(tmp_path, dpsql):
     out = dpsql("budget", tmp_path / "nope.duckdb")
     assert out.returncode == 66 and "does not exist" in out.stderr
 
 
-def test_shell_subcommand_is_wired(tmp_path):
+def test_shell_subcommand_is_wired(tmp_path, dpsql):
     out = dpsql("shell", "--help")
     assert out.returncode == 0 and "--epsilon" in out.stdout
     out = dpsql("shell", tmp_path / "missing.duckdb", "-e", "\\budget")
@@ -96,7 +110,7 @@ AGE_RANGES = ("SELECT COUNT(*) FROM adult WHERE age BETWEEN 17 AND 29;\n"
               "SELECT COUNT(*) FROM adult WHERE age >= 50;\n")
 
 
-def test_pure_dp_strategy_specs_and_the_metric_model(tmp_path):
+def test_pure_dp_strategy_specs_and_the_metric_model(tmp_path, dpsql):
     import shutil
 
     db = tmp_path / "metric.duckdb"
@@ -133,7 +147,7 @@ def test_pure_dp_strategy_specs_and_the_metric_model(tmp_path):
     assert out.returncode == 65 and "--model" in out.stderr
 
 
-def test_accuracy_first_options_are_wired(tmp_path):
+def test_accuracy_first_options_are_wired(tmp_path, dpsql):
     import shutil
 
     for command in ("run", "shell"):
@@ -163,7 +177,7 @@ def test_accuracy_first_options_are_wired(tmp_path):
     assert out.returncode == 0 and "charged epsilon=" in out.stdout, out.stderr
 
 
-def test_reuse_and_no_reuse_from_the_command_line(tmp_path):
+def test_reuse_and_no_reuse_from_the_command_line(tmp_path, dpsql):
     import shutil
 
     db = tmp_path / "cli.duckdb"

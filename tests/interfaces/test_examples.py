@@ -17,7 +17,6 @@ from sqlglot import exp
 from dpsql.interfaces.scripts import parse_script
 
 from ..conftest import ROOT
-from .zygote import Zygote
 
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 REPORTS = sorted((ROOT / "sql").glob("*.sql"))  # top level only: not sql/fixtures
@@ -36,15 +35,6 @@ def test_there_is_something_to_run():
     names = {p.name for p in EXAMPLES} | {p.name for p in REPORTS}
     assert {"quickstart.py", "budget_management.py", "demographics_cube.sql",
             "age_distribution.sql", "ranges_and_predicates.sql"} <= names
-
-
-@pytest.fixture(scope="module")
-def zygote(tmp_path_factory):
-    """A fork server that imports dpsql once: the snippets' ``dpsql`` commands and Python
-    blocks each still run in a process of their own (argv, directory, environment, streams
-    and exit status), without paying a fresh interpreter's imports (seconds each)."""
-    with Zygote(tmp_path_factory.mktemp("zygote")) as z:
-        yield z
 
 
 def test_the_fork_server_passes_on_what_a_command_did(zygote, tmp_path):

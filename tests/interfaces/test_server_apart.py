@@ -212,9 +212,8 @@ def test_the_data_owner_sets_metric_allowances_over_the_wire(server):
 
 # --------------------------------------------------------------------------- command line
 
-def test_serve_and_user_take_their_settings_from_the_declarations(tmp_path):
+def test_serve_and_user_take_their_settings_from_the_declarations(tmp_path, zygote):
     import subprocess
-    import sys
     from fractions import Fraction
 
     from dpsql.interfaces.server.accounts import load_users
@@ -229,7 +228,7 @@ def test_serve_and_user_take_their_settings_from_the_declarations(tmp_path):
     assert "lock_timeout" in SERVED_SETTINGS and SPARK_SETTINGS
     assert not set(SPARK_SETTINGS) & set(SERVED_SETTINGS)
     db, users = make_database(tmp_path)
-    dpsql = [sys.executable, "-m", "dpsql"]
+    dpsql = zygote.argv("module", "dpsql")   # python -m dpsql, forked from the fork server
     p = subprocess.run(dpsql + ["serve", db, "--users", users, "--lock-timeout", "soon"],
                        capture_output=True, text=True)
     assert p.returncode == 65 and p.stderr.count("\n") == 1 and "--lock-timeout" in p.stderr
