@@ -6,6 +6,8 @@ user. The limits are lowered through the settings so each finding runs small and
 
 from __future__ import annotations
 
+import math
+
 import duckdb
 import numpy as np
 import pytest
@@ -14,7 +16,7 @@ import scipy.linalg
 import dpsql
 from dpsql import dbapi
 from dpsql.errors import ERROR_TABLE, BatchTooLarge, PolicyError, error_row, one_line
-from dpsql.mechanisms import halfwidths
+from dpsql.mechanisms import halfwidths, selection
 from dpsql.workload import limits as planning
 from tests.conftest import make_adult_db
 
@@ -146,9 +148,12 @@ def test_protect_refuses_an_integer_domain_over_the_bound(tmp_path):
 
 
 def test_a_memory_error_in_planning_becomes_the_refusal(db, monkeypatch):
+    """A MemoryError in the lower bound's eigendecomposition (svdb: the bound whenever the
+    optimal solver gave none, as here) is the planning-limits refusal."""
     def exhausted(*args, **kwargs):
         raise MemoryError
 
+    monkeypatch.setattr(selection, "certified_bound", lambda evals: math.nan)
     monkeypatch.setattr(halfwidths, "svdb", exhausted)
     with pytest.raises(BatchTooLarge, match="out of memory"):
         db.answer("SELECT race, COUNT(*) FROM adult GROUP BY race", epsilon=1, delta=1e-6)
