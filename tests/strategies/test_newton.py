@@ -104,3 +104,45 @@ def test_a_failing_newton_phase_hands_over_to_the_fixed_point():
     assert chord.step(Bad(), w, np.array([1.1, 0.9, 1.0])) is not None
     assert chord.step(Bad(), w, np.array([1.5, 0.5, 1.0])) is None   # Newton's own: off
     assert chord.off and chord.step(Bad(), w, np.array([1.01, 0.99, 1.0])) is None
+
+
+def _near_optimum(n: int, k: int, seed: int, spread: float):
+    """(V scaled, the dual optimum w perturbed by ``spread`` in log, its point with the
+    rescaled value always computed)."""
+    info = points_and_ranges(n, k, seed)
+    V = np.asarray(info.V, dtype=float)
+    V /= np.diag(V).max()
+    w_opt = optimal.solve(info, tol=1e-10).weights
+    rng = np.random.default_rng(seed)  # test data only
+    w = w_opt * np.exp(spread * rng.standard_normal(n))
+    w /= w.sum()
+    return V, w, FullForm(V, symmetry=False).evaluate(w)
+
+
+@pytest.mark.parametrize("spread", [1e-2, 3e-3, 1e-3])
+def test_rescaled_excess_is_at_least_the_leading_order_term(spread):
+    """The skip rule's premise (dual.rescaled_hopeless): tr(V X'⁻¹)/h² − 1 >= ¾ Σ w (x − 1)²
+    to leading order (here with 10% room for the cubic terms)."""
+    for seed in (4, 5, 6):
+        V, w, p = _near_optimum(40, 70, seed, spread)
+        assert np.isfinite(p.rescaled)
+        excess = p.rescaled / p.h ** 2 - 1
+        lead = 0.75 * float(np.dot(w, np.square(p.x - 1)))
+        assert excess >= 0.9 * lead > 0
+
+
+def test_hopeless_rescaled_values_are_skipped_and_the_certificate_kept(monkeypatch):
+    V, w, p = _near_optimum(40, 70, 7, 1e-2)
+    est = 0.75 * float(np.dot(w, np.square(p.x - 1)))
+    form = FullForm(V, symmetry=False)
+    assert np.isfinite(form.evaluate(w, tol=1.01 * est).rescaled)
+    skipped = form.evaluate(w, tol=0.99 * est)
+    assert skipped.rescaled == np.inf and skipped.low == p.low and np.all(skipped.x == p.x)
+    # the solver certifies the same gap in no more steps than with every value computed
+    info = points_and_ranges(64, 90, 3)
+    fast = optimal.solve(info)
+    monkeypatch.setattr("dpsql.strategies.gaussian.dual.rescaled_hopeless",
+                        lambda w, x, tol: False)
+    full = optimal.solve(info)
+    assert fast.gap <= optimal.TOL and fast.iterations <= full.iterations
+    assert fast.upper == pytest.approx(full.upper, rel=1e-12)

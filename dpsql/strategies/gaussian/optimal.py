@@ -206,7 +206,10 @@ def _ascend(form, w: np.ndarray, tol: float, max_iterations: int, single: bool =
         it += 1
         w = np.exp(u - u.max())
         w /= w.sum()
-        point = form.evaluate(w, True) if single and it == 1 else form.evaluate(w)
+        if isinstance(form, FullForm):
+            point = form.evaluate(w, single and it == 1, tol)
+        else:
+            point = form.evaluate(w)
         x = np.maximum(point.x, 1e-300)
         if not point.exact:                      # a direction only: no bound, no history
             hist_u, hist_r = [], []
