@@ -70,10 +70,10 @@ def test_a_token_lands_between_the_solvers_iterations(monkeypatch, symmetry):
     token, evaluations = cancel.Token(), []
     real = dual.FullForm.evaluate
 
-    def evaluate(self, w, single=False):
+    def evaluate(self, w, single=False, tol=0.0):
         evaluations.append(single)
         token.cancel("stopped by the test")
-        return real(self, w, single)
+        return real(self, w, single, tol)
 
     monkeypatch.setattr(dual.FullForm, "evaluate", evaluate)
     with cancel.scope(token), pytest.raises(RequestCancelled, match="stopped by the test"):

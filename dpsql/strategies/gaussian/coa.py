@@ -59,7 +59,7 @@ from dpsql.errors import StrategyError
 from dpsql.workload.matrix import Plan, WorkloadInfo, make_plan
 from dpsql.strategies.gaussian import optimal
 from dpsql.strategies.gaussian.dual import blas_threads
-from dpsql.strategies.gaussian.optimal import COND_LIMIT, MAX_CELLS, MIX
+from dpsql.strategies.gaussian.optimal import COND_LIMIT, MAX_CELLS, mix_weight
 
 #: Armijo parameters (§4.2) and CG steps per Newton direction (§4.1)
 BETA, SIGMA, CG_STEPS = 0.1, 0.25, 5
@@ -267,7 +267,7 @@ class COA:
         n, support = workload.n, sol.support
         X = sol.X
         lam = la.eigvalsh(X, check_finite=False)
-        mix = 0.0 if lam.min() * COND_LIMIT >= lam.max() else MIX
+        mix = 0.0 if lam.min() * COND_LIMIT >= lam.max() else mix_weight(self.tol)
         L = _factor((1 - mix) * X + mix * np.eye(X.shape[0]))
         if L is None:
             raise StrategyError("COA: the optimised X is not positive definite; use 'optimal'")

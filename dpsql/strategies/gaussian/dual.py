@@ -230,22 +230,46 @@ class FactoredForm:
         cond = math.inf if self.r < self.n else float(r.max() / r.min() * w.max() / w.min())
         return Point(low, h, a / h, lambda: (g / np.sqrt(r)).T / math.sqrt(h), cond)
 
-    def ascend(self, w: np.ndarray, max_evaluations: int) -> tuple[np.ndarray, int]:
-        """Maximise Φ from ``w`` (on the simplex) with L-BFGS-B; returns (w / Σw, evaluations)."""
+    def ascend(self, w: np.ndarray, max_evaluations: int,
+               gap: float = 0.0) -> tuple[np.ndarray, int]:
+        """Maximise Φ from ``w`` (on the simplex) with L-BFGS-B; returns (w / Σw, evaluations).
+
+        ``gap`` (> 0): stop at the first evaluated ``v`` whose own certificate is that good:
+        at ``w = v/Σv``, ``h(w)² = h(v)²/Σv`` and ``x(w) = a(v) Σv / h(v)``, so ``X(w)/max x``
+        has value ``h(v) max a(v)``, over the largest ``low(v)²/Σv`` seen (the caller's
+        float64 evaluation at the returned ``w`` then certifies it). Without it L-BFGS-B ran
+        to its tolerance: 80 evaluations, 4.9 s, on 1,536 ranges over 512 cells."""
+        seen = {"lower": 0.0, "v": None, "calls": 1}
+
         def negative(v):
             cancel.check()                       # inline (a short solve), a token lands here
-            r, _, _, a = self._parts(v)
-            return float(v.sum() - 2 * r.sum()), 1 - a
+            seen["calls"] += 1
+            r, low, _, a = self._parts(v)
+            total, h = float(v.sum()), float(r.sum())
+            if gap > 0 and total > 0 and h > 0:
+                seen["lower"] = max(seen["lower"], low * low / total)
+                if h * float(a.max()) <= (1 + gap) * seen["lower"]:
+                    seen["v"] = np.array(v, dtype=float)
+                    raise _Certified
+            return float(v.sum() - 2 * h), 1 - a
 
         h = float(self._parts(w)[0].sum())
-        res = optimize.minimize(negative, w * h * h, jac=True, method="L-BFGS-B",
-                                bounds=[(0, None)] * self.n,
-                                options=dict(maxfun=max_evaluations, maxiter=max_evaluations,
-                                             maxcor=20, ftol=0.0, gtol=1e-13))
-        v = np.maximum(np.asarray(res.x, dtype=float), 0.0)
+        options = dict(maxfun=max_evaluations, maxiter=max_evaluations, maxcor=20, ftol=0.0,
+                       gtol=1e-13)
+        try:
+            res = optimize.minimize(negative, w * h * h, jac=True, method="L-BFGS-B",
+                                    bounds=[(0, None)] * self.n, options=options)
+            v = np.maximum(np.asarray(res.x, dtype=float), 0.0)
+        except _Certified:
+            v = seen["v"]
+        used = seen["calls"]
         if not np.all(np.isfinite(v)) or v.sum() <= 0:
-            return w, int(res.nfev) + 1
-        return v / v.sum(), int(res.nfev) + 1
+            return w, used
+        return v / v.sum(), used
+
+
+class _Certified(Exception):
+    """Raised inside L-BFGS-B's objective to stop it (see :meth:`FactoredForm.ascend`)."""
 
 
 def _congruence_value(Q: np.ndarray, e: np.ndarray, b: np.ndarray, a: np.ndarray) -> float:

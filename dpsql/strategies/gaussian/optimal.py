@@ -46,8 +46,13 @@ Strategy: ``A = Λ^¼ Qᵀ D^-½ / √h`` (weighted eigen-queries, ``AᵀA = X(w
 columns rescaled to the chosen primal: by ``1/√x_j`` (``X'``) or by ``1/√max x``. When
 ``X(w)`` is singular (``V`` rank deficient) the plan measures ``√(1−t) A`` plus the
 Eigen-Design completion rows ``√(1 − (1−t) X_jj) e_jᵀ`` (Li & Miklau, Eigen-Design Program 2
-steps 4–5) with ``t = MIX``, so ``AᵀA ⪰ (1−t) X + t I``: full column rank (which least squares
-and the 2**-20 grid need), at most ``1/(1−t)`` times the error; the reported gap includes it.
+steps 4–5) with ``t = mix_weight(tol)`` (a quarter of the tolerance, at most ``MIX``), so
+``AᵀA ⪰ (1−t) X + t I``: full column rank (which least squares and the 2**-20 grid need: the
+completion rows alone give ``AᵀA ⪰ t I`` whatever the rounding of the rest), at most
+``1/(1−t)`` times the error. The reported gap includes it, and so does the stopping rule: the
+ascent of a point that needs the mix goes on to ``(1 + gap)/(1 − t) − 1 <= tol`` (with a
+fixed ``t = 2e-6`` above a ``1e-6`` tolerance, rank-deficient workloads could never certify
+and iterated to a stall).
 
 Privacy: every column of the strategy has L2 norm at most 1 (``diag(AᵀA) <= 1``; the
 completion rows fill each column to exactly 1), so one added or removed row moves ``A x`` by
@@ -78,8 +83,11 @@ GAMMA = 2.0
 AA_MEMORY = 2
 #: eigenvalues of V below this fraction of the largest are zero (rank decisions)
 RANK_TOL = 1e-11
-#: weight of the identity mixed into a singular optimum (keeps A of full column rank)
+#: largest weight of the identity mixed into a singular optimum (keeps A of full column
+#: rank); the weight used is :func:`mix_weight` of the tolerance
 MIX = 2e-6
+#: share of the tolerance the mix may take
+MIX_SHARE = 0.25
 #: mix also when the condition number of X could exceed this
 COND_LIMIT = 1e8
 #: completion rows are added for columns with at least this slack (always when mixing)
@@ -166,10 +174,11 @@ def solve(workload: WorkloadInfo, *, tol: float = TOL, max_iterations: int = 100
         w = _start(workload.n, support, weights, form.split)
         used = 0
         if isinstance(form, FactoredForm) and form.r <= min(LBFGS_MAX_RANK, support.size - 1):
-            w, used = form.ascend(w, LBFGS_EVALUATIONS)
+            target = (1 + tol) * (1 - mix_weight(tol)) - 1       # X(w) is singular: mixed
+            w, used = form.ascend(w, LBFGS_EVALUATIONS, target / 2)
         single = weights is None and isinstance(form, FullForm) and max_iterations > 1
         best, lower, it = _ascend(form, w, tol, max_iterations, single)
-        return _assemble(workload.n, support, scale, form, best, lower, used + it)
+        return _assemble(workload.n, support, scale, form, best, lower, used + it, tol)
 
 
 def _start(n: int, support: np.ndarray, weights, split: bool) -> np.ndarray:
@@ -218,7 +227,7 @@ def _ascend(form, w: np.ndarray, tol: float, max_iterations: int, single: bool =
             upper = min(point.h ** 2 * float(x.max()), point.rescaled)
             if best is None or upper < best[0]:
                 best = (upper, w, point, upper == point.rescaled)
-            new_gap = best[0] / lower - 1
+            new_gap = best[0] / lower / (1 - _mix(best, tol)) - 1
             stall = stall + 1 if new_gap > 0.9 * gap else 0
             gap = new_gap
             if gap <= tol or stall >= 5:
@@ -241,18 +250,29 @@ def _ascend(form, w: np.ndarray, tol: float, max_iterations: int, single: bool =
     return best, lower, it
 
 
+def mix_weight(tol: float) -> float:
+    """The identity's weight ``t`` in a singular optimum's strategy: :data:`MIX_SHARE` of the
+    tolerance, at most :data:`MIX` (and at least 1e-12, which keeps ``AᵀA`` invertible)."""
+    return min(MIX, max(MIX_SHARE * tol, 1e-12))
+
+
+def _mix(best, tol: float) -> float:
+    """``t`` for the strategy of ``best`` (0 when its ``X`` is well conditioned)."""
+    _, _, point, rescaled = best
+    cond = point.cond * float(point.x.max() / point.x.min()) if rescaled else point.cond
+    return 0.0 if cond <= COND_LIMIT else mix_weight(tol)
+
+
 def _assemble(n: int, support, scale: float, form, best, lower: float,
-              iterations: int) -> DualSolution:
+              iterations: int, tol: float) -> DualSolution:
     upper, w, point, rescaled = best
     if rescaled:                                 # X' = D_x^-½ X(w) D_x^-½: unit diagonal
         x = np.ones(support.size)
         B = point.factor() / np.sqrt(point.x)
-        cond = point.cond * float(point.x.max() / point.x.min())
     else:                                        # X(w) / max_j X(w)_jj
         x = point.x / point.x.max()
         B = point.factor() / math.sqrt(point.x.max())
-        cond = point.cond
-    mix = 0.0 if cond <= COND_LIMIT else MIX
+    mix = _mix(best, tol)
     slack = np.ones(n)
     slack[support] = 1 - (1 - mix) * x
     slack = np.clip(slack, 0.0, 1.0)

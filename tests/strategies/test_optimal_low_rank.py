@@ -1,0 +1,64 @@
+"""``optimal`` on rank-deficient workloads (dpsql/strategies/gaussian/optimal.py, dual.py).
+
+Their optimum ``X`` is singular, so the strategy mixes in ``t`` of the identity and its
+certified gap carries ``1/(1 − t)``: with ``t`` fixed at 2e-6 above the 1e-6 tolerance these
+workloads could never certify (the solver iterated to a stall and reported ~2.2e-6).
+Oracles: the certificate itself (upper / lower bound, both recomputed here from the plan)
+and L-BFGS-B run to its own tolerance.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from dpsql.strategies.gaussian import coa, optimal
+from dpsql.strategies.gaussian.dual import FactoredForm
+from dpsql.workload.matrix import WorkloadInfo
+
+
+def ranges(n: int, k: int, seed: int) -> WorkloadInfo:
+    rng = np.random.default_rng(seed)  # test data only
+    ends = np.sort(rng.integers(0, n, (k, 2)), axis=1)
+    W = np.zeros((k, n))
+    for row, (a, b) in enumerate(ends):
+        W[row, a:b + 1] = 1
+    return WorkloadInfo.from_matrix(sp.csr_matrix(W), (n,))
+
+
+@pytest.mark.parametrize("n,k,seed", [(64, 40, 0), (64, 40, 1), (96, 150, 0), (96, 200, 3)])
+def test_rank_deficient_workloads_certify_the_tolerance_mix_included(n, k, seed):
+    info = ranges(n, k, seed)
+    assert np.linalg.matrix_rank(info.V) < n              # singular: the mix is needed
+    sol = optimal.solve(info)
+    assert 0 < sol.mix == optimal.mix_weight(optimal.TOL) <= optimal.TOL / 4
+    assert sol.gap <= optimal.TOL
+    # the certificate, recomputed from the strategy itself: tr(V (AᵀA)⁻¹) / lower − 1
+    A = sol.A.toarray() if sp.issparse(sol.A) else np.asarray(sol.A)
+    assert np.linalg.norm(A, axis=0).max() <= 1 + 1e-12
+    V = np.asarray(info.V, dtype=float) / sol.scale
+    value = float(np.trace(np.linalg.solve(A.T @ A, V)))
+    assert value / sol.lower - 1 <= optimal.TOL * (1 + 1e-3)
+    assert sol.iterations < 100                           # no stall
+
+
+def test_coa_returns_the_certified_warm_start_without_newton_steps():
+    plan = coa.COA().plan(ranges(64, 40, 0))
+    notes = dict(plan.notes)
+    assert notes["iterations"] == 0 and notes["gap"] <= 1e-6 and notes["mix"] > 0
+
+
+def test_lbfgs_stops_at_its_own_certificate_and_it_holds():
+    info = ranges(96, 60, 2)
+    sol = optimal.solve(info)                             # the factored form's F, from V
+    V = np.asarray(info.V, dtype=float) / sol.scale
+    lam, Q = np.linalg.eigh(V)
+    keep = lam > 1e-11 * lam.max()
+    form = FactoredForm(Q[:, keep] * np.sqrt(lam[keep]))
+    w0 = np.full(96, 1 / 96)
+    w_full, used_full = form.ascend(w0, 1000)
+    w_stop, used_stop = form.ascend(w0, 1000, gap=1e-6)
+    assert used_stop < used_full
+    p = form.evaluate(w_stop)
+    assert p.h ** 2 * p.x.max() / p.low ** 2 - 1 <= 1e-6 * 1.01
