@@ -90,8 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="dpsql", description="Differentially private answers to SQL COUNT workloads.",
         epilog=epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--version", action="version", version=version_text(),
-                        help="print dpsql's version and exit")
+    parser.add_argument("--version", action=_Version, help="print dpsql's version and exit")
     sub = parser.add_subparsers(dest="command", required=True)
 
     d = sub.add_parser("demo", help="build a demo database from the Adult census data and "
@@ -151,6 +150,20 @@ def _script_commands(sub) -> None:
                               "and the budget left")
         out.add_argument("--quiet", action="store_true",
                          help="print only a one-line summary per workload")
+
+
+class _Version(argparse.Action):
+    """``--version`` where :func:`main` does not answer it first (``dpsql --vers``): the
+    text is read from the installed packages' metadata only when asked for, not each time
+    the parser is built (``dpsql --help``)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                 help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_text())           # on stdout, as argparse's "version" action
+        parser.exit()
 
 
 def version_text() -> str:

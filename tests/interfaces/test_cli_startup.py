@@ -75,7 +75,7 @@ def run_all(console_script, tmp_path, cases):
     return done
 
 
-HELP = [(["--help"], 0), (["-h"], 0), (["--version"], 0), (["-V"], 0)] + [
+HELP = [(["--help"], 0), (["-h"], 0), (["--version"], 0), (["-V"], 0), (["--vers"], 0)] + [
     ([sub, "--help"], 0) for sub in SUBCOMMANDS]
 USAGE_ERRORS = [([], 64), (["nosuch"], 64), (["run"], 64), (["explain", "db.duckdb"], 64),
                 (["run", "db.duckdb", "s.sql", "--epsilon"], 64), (["budget"], 64),

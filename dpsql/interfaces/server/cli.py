@@ -17,7 +17,6 @@ when it is not a terminal; they are stored only as SCRAM-SHA-256 verifiers.
 
 from __future__ import annotations
 
-import getpass
 import os
 import sys
 
@@ -99,6 +98,8 @@ def _allowances(allow: list, metric: list) -> dict:
 
 
 def _password() -> str:
+    import getpass      # termios and friends: only when a password is read
+
     if not os.isatty(sys.stdin.fileno()):
         word = sys.stdin.readline().rstrip("\n")
     else:
