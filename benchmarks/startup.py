@@ -8,6 +8,8 @@ command runs ``--repeat`` times; the table shows the best run and the range. Whi
 libraries each command imported is printed too (``python -X importtime`` of the same
 command, top-level names only): ``--help``, ``--version``, a subcommand's ``--help`` and
 a usage error should import none of numpy, scipy, duckdb, sqlglot, prompt_toolkit, pandas.
+The first row is the bare interpreter (``python -c pass``, with the venv's ``.pth`` files),
+for scale. Figures: ``benchmarks/results/startup.txt``.
 
 Run: ``python benchmarks/startup.py [--repeat 3] [--dpsql PATH]``
 """
@@ -63,6 +65,9 @@ def main() -> int:
         ap.error(f"no console script at {args.dpsql}; pip install -e . first")
     print(f"console script: {args.dpsql}; load average {os.getloadavg()[0]:.2f}")
     print(f"{'command':<24} {'best s':>7} {'range s':>13}  heavy imports")
+    bare = [cpu_seconds([sys.executable, "-c", "pass"]) for _ in range(args.repeat)]
+    print(f"{'(python -c pass)':<24} {min(bare):7.3f} {min(bare):6.3f}-{max(bare):.3f}  "
+          "the interpreter's own start, for scale")
     for command in COMMANDS:
         argv = [args.dpsql, *command]
         runs = [cpu_seconds(argv) for _ in range(args.repeat)]
