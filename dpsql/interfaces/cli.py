@@ -29,6 +29,12 @@ error's class (64 usage, 65 bad SQL / settings / policy, 66 input file, 69 datab
 unavailable, 70 internal, 75 database busy, 77 budget exhausted; ``dpsql --help`` lists
 them), with one line on stderr and never a traceback; 130 interrupted (Ctrl-C). On success
 nothing is written to stderr.
+
+The parser, the help texts and the argument errors are built from light modules only (the
+settings' declaration, the error table): each subcommand imports what it runs (the
+release path, the shell, the server) in its handler, so ``dpsql --help``, ``dpsql
+--version``, ``dpsql SUB --help`` and a usage error load neither numpy, scipy, DuckDB nor
+sqlglot (``tests/interfaces/test_cli_startup.py``, ``benchmarks/startup.py``).
 """
 
 from __future__ import annotations
@@ -39,8 +45,6 @@ import sys
 from dpsql.errors import (DpsqlError, RequestCancelled, Terminated,
                           check_database_path)
 from dpsql.interfaces.exits import Parser, epilog, guarded, lock_notice, read_script
-from dpsql.interfaces.output import (ScriptOutput, budget_json, budget_table, csv_directory,
-                                     ledger_json, ledger_table)
 from dpsql.request.declared import (CONNECTION_SETTINGS, PLANNING_LIMITS, SPARK_SETTINGS, given,
                                     settings_for)
 from dpsql.workload import limits as planning
@@ -86,8 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="dpsql", description="Differentially private answers to SQL COUNT workloads.",
         epilog=epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--version", action="version", version=version_text(),
-                        help="print dpsql's version and exit")
+    parser.add_argument("--version", action=_Version, help="print dpsql's version and exit")
     sub = parser.add_subparsers(dest="command", required=True)
 
     d = sub.add_parser("demo", help="build a demo database from the Adult census data and "
@@ -147,6 +150,20 @@ def _script_commands(sub) -> None:
                               "and the budget left")
         out.add_argument("--quiet", action="store_true",
                          help="print only a one-line summary per workload")
+
+
+class _Version(argparse.Action):
+    """``--version`` where :func:`main` does not answer it first (``dpsql --vers``): the
+    text is read from the installed packages' metadata only when asked for, not each time
+    the parser is built (``dpsql --help``)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                 help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_text())           # on stdout, as argparse's "version" action
+        parser.exit()
 
 
 def version_text() -> str:
@@ -210,6 +227,8 @@ def _dispatch(args) -> int:
     if args.command in ("run", "explain"):
         return _script(args, dry_run=args.command == "explain" or args.dry_run)
     if args.command in ("budget", "ledger"):
+        from dpsql.interfaces.output import budget_json, budget_table, ledger_json, ledger_table
+
         _require_db(args.db)
         with _open(args) as db:
             read = db.budget() if args.command == "budget" else db.ledger()
@@ -222,6 +241,7 @@ def _dispatch(args) -> int:
 
 def _script(args, *, dry_run: bool) -> int:
     """``run`` / ``explain``: check the whole script, then release it workload by workload."""
+    from dpsql.interfaces.output import ScriptOutput, csv_directory
     from dpsql.interfaces.scripts import parse_script, run_script
     from dpsql.interfaces.scripts_check import check_script
 

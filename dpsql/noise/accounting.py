@@ -23,6 +23,7 @@ from fractions import Fraction
 from dpsql.errors import BudgetExceededError, PrivacyParameterError
 
 __all__ = [
+    "CALIBRATIONS",
     "MIN_EPSILON",
     "MAX_EPSILON",
     "PrivacyCost",
@@ -45,6 +46,11 @@ MIN_EPSILON = Fraction(1, 10**9)
 #: Largest epsilon accepted for one release. A bound of e^100 on the likelihood ratio is no
 #: meaningful privacy guarantee, and exp(epsilon) overflows double precision soon after.
 MAX_EPSILON = Fraction(100)
+
+#: The Gaussian noise calibrations a request may name (:mod:`dpsql.noise.gaussian` applies
+#: them). Declared here, beside the other limits of a request's privacy parameters, so that
+#: the settings' declaration and the command line's help read it without numpy and scipy.
+CALIBRATIONS = ("analytic", "classic")
 
 _TEXT_FORMAT = re.compile(r"(-?[0-9]+)/([0-9]+)")
 

@@ -21,7 +21,8 @@ from scipy.special import erfcx, log_ndtr
 
 from fractions import Fraction
 
-from dpsql.noise.accounting import MAX_EPSILON, float_down, validate_delta, validate_epsilon
+from dpsql.noise.accounting import (CALIBRATIONS, MAX_EPSILON, float_down, validate_delta,
+                                   validate_epsilon)
 from dpsql.errors import PrivacyParameterError
 
 __all__ = [
@@ -29,8 +30,6 @@ __all__ = [
     "classic_gaussian_sigma", "exact_zcdp_rho", "gaussian_delta", "gaussian_shortfall",
     "gaussian_sigma", "grid_exponent", "rounding_slack", "zcdp_rho",
 ]
-
-CALIBRATIONS = ("analytic", "classic")
 
 #: The sampler's grid is 2^k with k = floor(log2 sigma) - GRID_BITS_BELOW_SIGMA.
 GRID_BITS_BELOW_SIGMA = 40

@@ -23,7 +23,7 @@ from __future__ import annotations
 from fractions import Fraction
 
 from dpsql.errors import PrivacyParameterError
-from dpsql.noise.gaussian import CALIBRATIONS
+from dpsql.noise.accounting import CALIBRATIONS
 from dpsql.request.rules import (MODELS, check_calibration, check_delta, check_epsilon,
                                  check_flag, check_memory, check_model, check_release_name,
                                  check_seconds, check_share, check_spark_master,

@@ -13,8 +13,7 @@ import math
 from fractions import Fraction
 
 from dpsql.errors import PrivacyParameterError, show_exact
-from dpsql.noise.accounting import to_exact, validate_delta, validate_epsilon
-from dpsql.noise.gaussian import CALIBRATIONS
+from dpsql.noise.accounting import CALIBRATIONS, to_exact, validate_delta, validate_epsilon
 
 __all__ = ["MAX_RELEASE_NAME", "MODELS", "check_calibration", "check_delta", "check_epsilon",
            "check_flag", "check_memory", "check_model", "check_release_name", "check_seconds",

@@ -16,6 +16,12 @@ The limits are :class:`Limits` values; the current one is a context variable, se
 :func:`applied` (the DB-API connection's ``max_memory`` / ``time_limit``, declared in
 :data:`dpsql.request.declared.CONNECTION_SETTINGS`) and read by the planning code with
 :func:`current`.
+
+numpy and :mod:`dpsql.workload.matrix` are imported inside the two functions that count
+a matrix's products (:func:`gram_ops`, :func:`row_gram_ops`), not at the top: the defaults
+and the limits' context are read by the settings' declaration
+(:mod:`dpsql.request.declared`), from which ``dpsql --help`` builds its options without
+loading numpy or scipy (``tests/interfaces/test_cli_startup.py``).
 """
 
 from __future__ import annotations
@@ -27,10 +33,7 @@ import os
 from contextvars import ContextVar
 from dataclasses import dataclass
 
-import numpy as np
-
 from dpsql.errors import BatchTooLarge, PrivacyParameterError
-from dpsql.workload.matrix import gram_route
 
 GIB = 1024 ** 3
 
@@ -158,6 +161,8 @@ def gram_ops(W) -> float:
     """Multiply-adds of the Gram product the bound forms: ``V = WᵀW`` (m ≥ n) by the route
     :func:`dpsql.workload.matrix.gram` takes (:func:`row_gram_ops`), ``Σ nnz(column)²`` for
     ``W Wᵀ``."""
+    import numpy as np      # here, not at the top: see the module's last paragraph
+
     m, n = W.shape
     if m >= n:
         return row_gram_ops(W)
@@ -237,6 +242,8 @@ def row_gram_ops(W) -> float:
     ``Σ nnz(row)²`` of ``W`` directly, or for integer rows that are short in column
     differences (ranges, points) ``Σ nnz(diff row)² + 4n²`` (on all ranges over 512 cells
     2.9·10⁶ instead of 4.5·10⁹)."""
+    from dpsql.workload.matrix import gram_route    # numpy, scipy: the last paragraph above
+
     return gram_route(W)[1]
 
 

@@ -25,6 +25,7 @@ import threading
 
 from dpsql.errors import UsageError, check_database_path
 from dpsql.interfaces.server.accounts import load_users
+from dpsql.interfaces.server.defaults import DEFAULT_HOST, DEFAULT_MAX_CONNECTIONS, DEFAULT_PORT
 from dpsql.interfaces.server.journal import Journal
 from dpsql.interfaces.server.connection import Handler
 from dpsql.interfaces.server.results import Failure
@@ -37,8 +38,6 @@ from dpsql.store import served
 #: line's --lock-timeout, --max-memory, --time-limit: generated from the declaration)
 SERVED_SETTINGS = tuple(s.name for s in settings_for("cli", CONNECTION_SETTINGS)
                         if s.name not in SPARK_SETTINGS)     # Spark: one link, shared
-DEFAULT_PORT = 5433
-DEFAULT_MAX_CONNECTIONS = 64
 
 
 class Server(socketserver.ThreadingTCPServer):
@@ -47,7 +46,7 @@ class Server(socketserver.ThreadingTCPServer):
     allow_reuse_address = True
     request_queue_size = 128
 
-    def __init__(self, db_path: str, users_path: str, *, host: str = "127.0.0.1",
+    def __init__(self, db_path: str, users_path: str, *, host: str = DEFAULT_HOST,
                  port: int = DEFAULT_PORT, certificate: str | None = None,
                  key: str | None = None, require_tls: bool = False,
                  max_connections: int = DEFAULT_MAX_CONNECTIONS, spark=None,

@@ -17,11 +17,11 @@ when it is not a terminal; they are stored only as SCRAM-SHA-256 verifiers.
 
 from __future__ import annotations
 
-import getpass
 import os
 import sys
 
 from dpsql.errors import UsageError
+from dpsql.interfaces.server.defaults import DEFAULT_HOST, DEFAULT_MAX_CONNECTIONS, DEFAULT_PORT
 from dpsql.request.declared import CONNECTION_SETTINGS, SPARK_SETTINGS, given, settings_for
 
 COMMANDS = ("serve", "user")
@@ -32,13 +32,13 @@ def add_subcommands(sub) -> None:
     s = sub.add_parser("serve", help="PostgreSQL-wire server with per-analyst accounts "
                                      "(docs/server.md)")
     s.add_argument("db")
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=5433)
+    s.add_argument("--host", default=DEFAULT_HOST)
+    s.add_argument("--port", type=int, default=DEFAULT_PORT)
     s.add_argument("--users", help="users file (default: DB.users.toml)")
     s.add_argument("--certificate", help="TLS certificate chain (PEM)")
     s.add_argument("--key", help="TLS private key (PEM)")
     s.add_argument("--require-tls", action="store_true", help="refuse connections without TLS")
-    s.add_argument("--max-connections", type=int, default=64)
+    s.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS)
     for setting in settings_for("cli", CONNECTION_SETTINGS):
         s.add_argument(setting.flag, **setting.argparse_options())
     u = sub.add_parser("user", help="add, remove or change analysts of a server's users file")
@@ -99,6 +99,8 @@ def _allowances(allow: list, metric: list) -> dict:
 
 
 def _password() -> str:
+    import getpass      # termios and friends: only when a password is read
+
     if not os.isatty(sys.stdin.fileno()):
         word = sys.stdin.readline().rstrip("\n")
     else:
