@@ -38,9 +38,13 @@ the returned strategy whatever the solver did. ``h`` is concave, ``∂h/∂w_j =
   the 2-core machine).
 - rank ``r < n`` (``V = F Fᵀ``, e.g. few queries over many cells): every quantity comes from
   ``K = Fᵀ D F`` (``r x r``), and the many optimal weights that are 0 — where the fixed point
-  crawls — are reached by L-BFGS-B on an equivalent bound-constrained concave program
-  (:class:`~dpsql.strategies.gaussian.dual.FactoredForm`), then certified (and if need be finished) by the fixed point. (The
-  rescaled ``X'`` would leave the row space of ``W`` here, so only ``X(w)/max x`` is used.)
+  crawls — are reached on an equivalent bound-constrained concave program
+  (:class:`~dpsql.strategies.gaussian.dual.FactoredForm`) by projected Newton steps
+  (:mod:`~dpsql.strategies.gaussian.projected`: 9-16 evaluations on 100-1,536 random ranges
+  over 256-1,024 cells, where L-BFGS-B alone took 45-106, e.g. 3.6 against 11.6 s on 600
+  ranges over 1,024 cells), L-BFGS-B where they stall short of the gap, then certified (and
+  if need be finished) by the fixed point. (The rescaled ``X'`` would leave the row space of
+  ``W`` here, so only ``X(w)/max x`` is used.)
 
 Strategy: ``A = Λ^¼ Qᵀ D^-½ / √h`` (weighted eigen-queries, ``AᵀA = X(w)``) with its
 columns rescaled to the chosen primal: by ``1/√x_j`` (``X'``) or by ``1/√max x``. When
@@ -72,6 +76,7 @@ import scipy.sparse as sp
 from dpsql import cancel
 from dpsql.errors import StrategyError
 from dpsql.strategies.gaussian.dual import FactoredForm, FullForm, anderson, blas_threads, eigh
+from dpsql.strategies.gaussian import projected
 from dpsql.strategies.gaussian.newton import Chord
 from dpsql.workload.matrix import Plan, WorkloadInfo, make_plan
 
@@ -175,7 +180,10 @@ def solve(workload: WorkloadInfo, *, tol: float = TOL, max_iterations: int = 100
         used = 0
         if isinstance(form, FactoredForm) and form.r <= min(LBFGS_MAX_RANK, support.size - 1):
             target = (1 + tol) * (1 - mix_weight(tol)) - 1       # X(w) is singular: mixed
-            w, used = form.ascend(w, LBFGS_EVALUATIONS, target / 2)
+            w, used, done = projected.ascend(form, w, 0.9 * target, LBFGS_EVALUATIONS)
+            if not done:
+                w, more = form.ascend(w, LBFGS_EVALUATIONS, target / 2)
+                used += more
         single = weights is None and isinstance(form, FullForm) and max_iterations > 1
         best, lower, it = _ascend(form, w, tol, max_iterations, single)
         return _assemble(workload.n, support, scale, form, best, lower, used + it, tol)
