@@ -76,18 +76,21 @@ def ascend(form, w: np.ndarray, gap: float, max_evaluations: int) -> tuple[np.nd
     ``(w, evaluations, certified)``; ``w`` is the best iterate (largest ``Φ``) when not."""
     state = {"lower": 0.0, "calls": 0}
 
-    def evaluate(v):
+    def evaluate(v, parts=None):
         cancel.check()                       # inline (a short solve), a token lands here
         state["calls"] += 1
-        rho, low, G, a = form._parts(v)
+        rho, low, G, a = form._parts(v) if parts is None else parts
         total, h = float(v.sum()), float(rho.sum())
         state["lower"] = max(state["lower"], low * low / total)
         done = h * float(a.max()) <= (1 + gap) * state["lower"]
         return 2 * h - total, rho, G, a, done
 
-    h = float(form._parts(w)[0].sum())
+    # the best point on the ray through w is v = h(w)² w, where (K scaling by h²) ρ and
+    # low scale by h, a by 1/h and G stays: no second evaluation
+    rho, low, G, a = form._parts(w)
+    h = float(rho.sum())
     v = w * h * h
-    value, rho, G, a, done = evaluate(v)
+    value, rho, G, a, done = evaluate(v, (rho * h, low * h, G, a / h))
     for _ in range(STEPS):
         if done or state["calls"] >= max_evaluations:
             break
@@ -103,7 +106,7 @@ def ascend(form, w: np.ndarray, gap: float, max_evaluations: int) -> tuple[np.nd
         if moved is None:
             break
         v, (value, rho, G, a, done) = moved
-    return v / v.sum(), state["calls"] + 1, done
+    return v / v.sum(), state["calls"], done
 
 
 def _direction(G: np.ndarray, rho: np.ndarray, g: np.ndarray) -> np.ndarray | None:
