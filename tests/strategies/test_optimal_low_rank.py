@@ -104,3 +104,12 @@ def test_the_solver_takes_fewer_steps_with_the_projected_newton(monkeypatch):
     slow = optimal.solve(info)
     assert fast.gap <= optimal.TOL and slow.gap <= optimal.TOL
     assert fast.iterations < slow.iterations
+
+
+def test_many_cells_skip_the_hessian_and_still_certify(monkeypatch):
+    """Few queries over many cells: no n x n Hessian past projected.MAX_CELLS (L-BFGS-B's
+    O(n r) memory instead), the same certificate."""
+    monkeypatch.setattr(projected, "MAX_CELLS", 50)
+    monkeypatch.setattr(projected, "negative_hessian", lambda *a: pytest.fail("formed"))
+    sol = optimal.solve(ranges(64, 40, 0))
+    assert sol.gap <= optimal.TOL

@@ -40,6 +40,9 @@ from dpsql.strategies.gaussian.newton import RATIO_FLOOR, nodes
 
 #: Newton steps at most (each one Hessian and one or a few evaluations)
 STEPS = 40
+#: cells above which the n x n Hessian (12 bytes a pair: 50 MB at 2,048) is not formed and
+#: the caller's L-BFGS-B (O(n r) memory) ascends alone: few queries over many cells
+MAX_CELLS = 2048
 #: Armijo's sufficient-increase fraction and the largest number of halvings per step
 ARMIJO, HALVINGS = 1e-4, 8
 #: weights at or below this fraction of the largest whose gradient points outward form the
@@ -56,7 +59,7 @@ KEEP = 1e-2
 DAMPING = 1e-5
 
 
-def negative_hessian(G: np.ndarray, rho: np.ndarray) -> np.ndarray | None:
+def negative_hessian(G: np.ndarray, rho: np.ndarray) -> np.ndarray:
     """``−∂a/∂v`` (float32, upper triangle, n x n) from ``G = F P`` and ``ρ = √μ``; see the
     module doc. Square roots below :data:`RATIO_FLOOR` of the largest are raised to it."""
     rho = np.maximum(rho, RATIO_FLOOR * rho.max())
@@ -73,7 +76,10 @@ def negative_hessian(G: np.ndarray, rho: np.ndarray) -> np.ndarray | None:
 def ascend(form, w: np.ndarray, gap: float, max_evaluations: int) -> tuple[np.ndarray, int,
                                                                           bool]:
     """Projected Newton from ``w`` (on the simplex) until its iterate certifies ``gap``:
-    ``(w, evaluations, certified)``; ``w`` is the best iterate (largest ``Φ``) when not."""
+    ``(w, evaluations, certified)``; ``w`` is the best iterate (largest ``Φ``) when not.
+    Over :data:`MAX_CELLS` cells it does nothing: ``(w, 0, False)``."""
+    if w.size > MAX_CELLS:
+        return w, 0, False
     state = {"lower": 0.0, "calls": 0}
 
     def evaluate(v, parts=None):
@@ -110,8 +116,8 @@ def ascend(form, w: np.ndarray, gap: float, max_evaluations: int) -> tuple[np.nd
 
 
 def _direction(G: np.ndarray, rho: np.ndarray, g: np.ndarray) -> np.ndarray | None:
-    """Newton's ``(−H)⁻¹ g`` on the free weights, or None when ``−H`` is not positive
-    definite in float32 (the caller's other ascents take over)."""
+    """Newton's ``(−H)⁻¹ g`` on the free weights, or None when the damped ``−H`` is not
+    positive definite (the caller's other ascents take over)."""
     if g.size == 0:
         return None
     M = np.asfortranarray(negative_hessian(G, rho), dtype=float)
