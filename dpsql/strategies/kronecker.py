@@ -53,6 +53,12 @@ from dpsql.workload.matrix import WorkloadInfo
 TOL = 1e-6
 #: relative tolerance for recognising identity / all-ones Gram matrices
 SHAPE_TOL = 1e-12
+#: the certified tolerance of a factor's optimum: room for the identity's weight 2e-6 that
+#: a singular factor mixes in (optimal.mix_weight) beside a 7e-6 gap. Kronecker products
+#: multiply their factors' condition numbers, and with the 1e-6 default (t = 2.5e-7)
+#: noiseless answers through a plan of ranges by 1-way marginals erred by 7.5e-9 of
+#: themselves instead of ~1e-10; the product is a heuristic, not certified for the batch
+FACTOR_TOL = 9e-6
 
 
 @dataclass(frozen=True, eq=False)
@@ -130,7 +136,7 @@ def one_dimensional(V, norm: str = "l2") -> np.ndarray:
     if norm == "l1":
         plan = L1EigenDesign().plan(WorkloadInfo(n, V=V, m=n))
         return np.eye(n) if plan.A is None else _normalised(plan.A, "l1")
-    return _normalised(solve(WorkloadInfo(n, V=V, m=n)).A, "l2")
+    return _normalised(solve(WorkloadInfo(n, V=V, m=n), tol=FACTOR_TOL).A, "l2")
 
 
 def _finish(factors, error: float, rounds: int, norm: str) -> KronStrategy:

@@ -113,3 +113,13 @@ def test_many_cells_skip_the_hessian_and_still_certify(monkeypatch):
     monkeypatch.setattr(projected, "negative_hessian", lambda *a: pytest.fail("formed"))
     sol = optimal.solve(ranges(64, 40, 0))
     assert sol.gap <= optimal.TOL
+
+
+def test_kronecker_factors_keep_the_larger_mix_and_certify_their_tolerance():
+    """A singular 1-D factor of a Kronecker plan: the identity's weight stays 2e-6 (its
+    products multiply condition numbers) and the factor's tolerance leaves room for it."""
+    from dpsql.strategies import kronecker
+    info = ranges(64, 40, 1)
+    sol = optimal.solve(WorkloadInfo(64, V=info.V, m=64), tol=kronecker.FACTOR_TOL)
+    assert sol.mix == optimal.MIX and sol.gap <= kronecker.FACTOR_TOL
+    assert sol.iterations < 100

@@ -56,10 +56,7 @@ def test_answers_variances_and_sensitivity_against_the_dense_form(norm):
     x = np.random.default_rng(0).integers(0, 5, S.shape[1]).astype(float)
     W = np.vstack([w.assemble([b.dense()[:, j] for b in w.union.blocks])
                    for j in range(S.shape[1])]).T
-    # relative to the answers (up to ~200 here): the singular factors' strategies mix in
-    # t = 2.5e-7 of the identity (a quarter of the 1e-6 tolerance), cond(AᵀA) ~ 1.6e7 per
-    # factor; an algebra error would be of the answers' own size
-    assert np.abs(choice.answers(S @ x) - W @ x).max() < 1e-9 * np.abs(W @ x).max()
+    assert np.abs(choice.answers(S @ x) - W @ x).max() < 1e-8
     # the answers are linear in y: each one's variance is its row's squared norm (unit noise)
     L = np.stack([choice.answers(e) for e in np.eye(S.shape[0])], axis=1)
     assert np.allclose((L ** 2).sum(axis=1), choice._variance, rtol=1e-8, atol=1e-12)
