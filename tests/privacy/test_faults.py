@@ -672,8 +672,12 @@ def test_a_signal_inside_any_duckdb_statement_cancels_with_its_status(capsys, si
     def body() -> int:
         con = duckdb.connect()
         try:
-            threading.Timer(0.3, os.kill, (os.getpid(), sig)).start()
-            con.execute("SELECT count(*) FROM range(2000000000) t(i) WHERE i % 7 = 3")
+            # DuckDB often reports the signal only when the statement ends, so the
+            # statement's length is the test's: 4e8 rows run ~1.7-2.7 s of wall on 2 cores
+            # (load 5), 15-25 times the 0.1 s before the signal, which landed inside the
+            # statement in every trial (2e9 rows after 0.3 s cost ~10 s of CPU per test)
+            threading.Timer(0.1, os.kill, (os.getpid(), sig)).start()
+            con.execute("SELECT count(*) FROM range(400000000) t(i) WHERE i % 7 = 3")
             time.sleep(30)                       # the signal lands here if not in the query
             return 0
         finally:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import shutil
 import tempfile
 import tomllib
 from importlib import resources
@@ -179,12 +180,26 @@ class _NoNoise:
         return np.asarray(values, dtype=float), 0.0
 
 
+_RAW: dict = {}
+
+
+def _raw_file() -> str:
+    """The packaged Adult extract as a DuckDB file, built once per test process: reading the
+    gzipped CSV was most of a fresh database's cost, and about 25 tests here and in
+    tests/mechanisms start from it (:func:`_database` copies the file)."""
+    if "path" not in _RAW:
+        path = os.path.join(tempfile.mkdtemp(prefix="dpsql-implicit-"), "raw.duckdb")
+        con = duckdb.connect(path)
+        con.execute("CREATE TABLE adult AS SELECT * FROM read_csv(?, header = true)",
+                    [str(DATA / "adult.csv.gz")])
+        con.close()
+        _RAW["path"] = path
+    return _RAW["path"]
+
+
 def _database(sampler):
     path = os.path.join(tempfile.mkdtemp(prefix="dpsql-implicit-"), "adult.duckdb")
-    con = duckdb.connect(path)
-    con.execute("CREATE TABLE adult AS SELECT * FROM read_csv(?, header = true)",
-                [str(DATA / "adult.csv.gz")])
-    con.close()
+    shutil.copyfile(_raw_file(), path)
     db = dpsql.connect(path, sampler=sampler)
     db.protect("adult", dict(SPEC, epsilon=100, delta=0.5))
     return db, path

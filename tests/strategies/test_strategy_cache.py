@@ -62,6 +62,61 @@ def db(tmp_path):
     session.close()
 
 
+def _filled(path: str, *selects: dict):
+    """A fresh database (closed) after ``selects`` (keyword arguments of :func:`_select`) and
+    what the first of them returned. Built once per module and copied by the tests that start
+    from that state: a cold ``auto`` or ``eigen`` at δ = 0 plans the Laplace eigen strategy,
+    about 10 s of CPU each time, and the database a cold selection leaves is the same file
+    whichever test made it (the cold/hit comparisons with a never-seen database below show
+    that a cold selection is deterministic)."""
+    memo.clear()
+    session = _make(path)
+    try:
+        first = [_select(session, **kwargs) for kwargs in selects][0]
+    finally:
+        session.close()
+    return path, first
+
+
+@pytest.fixture(scope="module")
+def cold_auto(tmp_path_factory):
+    """A database after one cold ``auto`` selection, and that cold Explanation."""
+    return _filled(str(tmp_path_factory.mktemp("cold") / "auto.duckdb"), dict(strategy="auto"))
+
+
+@pytest.fixture(scope="module")
+def cold_eigen(tmp_path_factory):
+    """A database after cold ``eigen`` selections at δ = 1e-6 and δ = 0."""
+    return _filled(str(tmp_path_factory.mktemp("cold") / "eigen.duckdb"),
+                   dict(strategy="eigen", dlt=1e-6), dict(strategy="eigen", dlt=0))
+
+
+def _copy(template: str, tmp_path):
+    """A session on a private copy of a module's database (the tests write to it)."""
+    import shutil
+
+    path = str(tmp_path / "copy.duckdb")
+    shutil.copyfile(template, path)
+    memo.clear()
+    return dpsql.connect(path)
+
+
+@pytest.fixture
+def after_auto(cold_auto, tmp_path):
+    """A copy of the database a cold ``auto`` selection left, and that selection."""
+    session = _copy(cold_auto[0], tmp_path)
+    yield session, cold_auto[1]
+    session.close()
+
+
+@pytest.fixture
+def after_eigen(cold_eigen, tmp_path):
+    """A copy of the database cold ``eigen`` selections at δ = 1e-6 and 0 left."""
+    session = _copy(cold_eigen[0], tmp_path)
+    yield session
+    session.close()
+
+
 def _select(db, sql=SQL, eps=1.0, dlt=1e-6, strategy="auto", calibration="analytic",
             objective="rmse"):
     with db.db.connect() as con:
@@ -115,8 +170,8 @@ def no_factorisation(monkeypatch):
     return refuse
 
 
-def test_a_hit_rebuilds_the_identical_explanation_without_factorising(db, monkeypatch):
-    cold = _select(db)
+def test_a_hit_rebuilds_the_identical_explanation_without_factorising(after_auto, monkeypatch):
+    db, cold = after_auto                       # a cold _select(db) on this database
     assert not any(c.cached for c in cold.candidates if c.strategy in ("identity", "workload"))
     monkeypatch.setattr(LeastSquares, "_factorise",
                         lambda self: (_ for _ in ()).throw(AssertionError("factorised")))
@@ -142,10 +197,9 @@ def test_a_hit_rebuilds_the_identical_explanation_without_factorising(db, monkey
 
 @pytest.mark.parametrize("eps, dlt, calibration", [(0.5, 1e-7, "analytic"),
                                                    (0.3, 1e-6, "classic"), (2.0, 0, "analytic")])
-def test_one_entry_serves_every_epsilon_delta_and_calibration(db, tmp_path, eps, dlt,
+def test_one_entry_serves_every_epsilon_delta_and_calibration(after_eigen, tmp_path, eps, dlt,
                                                               calibration):
-    _select(db, strategy="eigen", dlt=1e-6)          # fills the cache at other parameters
-    _select(db, strategy="eigen", dlt=0)
+    db = after_eigen        # its cache filled at other parameters (eigen at δ = 1e-6 and 0)
     rows = _rows(db)
     hit = _select(db, strategy="eigen", eps=eps, dlt=dlt, calibration=calibration)
     assert _rows(db) == rows and all(c.cached for c in hit.candidates)
@@ -266,8 +320,8 @@ CORRUPTIONS = {
 
 
 @pytest.mark.parametrize("how", list(CORRUPTIONS))
-def test_corrupted_entries_are_ignored_and_recomputed(db, how):
-    cold = _select(db, strategy="auto")
+def test_corrupted_entries_are_ignored_and_recomputed(after_auto, how):
+    db, cold = after_auto                       # a cold _select(db, strategy="auto")
     with db.db.connect() as con:
         con.execute(CORRUPTIONS[how])
     again = _select(db, strategy="auto")
