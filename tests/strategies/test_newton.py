@@ -15,13 +15,15 @@ from dpsql.strategies.gaussian.dual import FullForm
 from dpsql.workload.matrix import WorkloadInfo
 
 
-def points_and_ranges(n: int, k: int, seed: int) -> WorkloadInfo:
+def points_and_ranges(n: int, k: int, seed: int, points: bool = True) -> WorkloadInfo:
+    """``k`` random ranges over ``n`` cells, after the ``n`` point queries (``points``)."""
     rng = np.random.default_rng(seed)  # test data only
     ends = np.sort(rng.integers(0, n, (k, 2)), axis=1)
     W = np.zeros((k, n))
     for row, (a, b) in enumerate(ends):
         W[row, a:b + 1] = 1
-    return WorkloadInfo.from_matrix(sp.csr_matrix(np.vstack([np.eye(n), W])), (n,))
+    return WorkloadInfo.from_matrix(sp.csr_matrix(np.vstack([np.eye(n), W]) if points else W),
+                                    (n,))
 
 
 @pytest.mark.parametrize("ratio", [1.0, 3.0, 100.0, 563.0, 1e4])

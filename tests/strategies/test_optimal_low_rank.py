@@ -16,15 +16,12 @@ import scipy.sparse as sp
 from dpsql.strategies.gaussian import coa, optimal, projected
 from dpsql.strategies.gaussian.dual import FactoredForm
 from dpsql.workload.matrix import WorkloadInfo
+from tests.strategies.test_newton import points_and_ranges
 
 
 def ranges(n: int, k: int, seed: int) -> WorkloadInfo:
-    rng = np.random.default_rng(seed)  # test data only
-    ends = np.sort(rng.integers(0, n, (k, 2)), axis=1)
-    W = np.zeros((k, n))
-    for row, (a, b) in enumerate(ends):
-        W[row, a:b + 1] = 1
-    return WorkloadInfo.from_matrix(sp.csr_matrix(W), (n,))
+    """``k`` random ranges over ``n`` cells, no point queries."""
+    return points_and_ranges(n, k, seed, points=False)
 
 
 @pytest.mark.parametrize("n,k,seed", [(64, 40, 0), (64, 40, 1), (96, 150, 0), (96, 200, 3)])
