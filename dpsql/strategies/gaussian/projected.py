@@ -5,7 +5,8 @@ The program is ``max Φ(v) = 2 h(v) − Σ_j v_j`` over ``v >= 0`` (concave; its
 ``h*²`` at ``h*² w*``), with ``h(v) = tr(K^½)``, ``K = Fᵀ diag(v) F`` and gradient ``a − 1``,
 ``a_j = f_jᵀ K^-½ f_j``. Many optimal weights are 0 when ``r`` is well below ``n``, which is
 why the multiplicative fixed point crawls there; L-BFGS-B reaches them but needed 75-106
-evaluations (11-24 s) on 600-1,024 random ranges over 1,024 cells.
+evaluations (11-24 s of CPU at load 3-4) on 600-1,024 random ranges over 1,024 cells, where
+these steps take 11-12 (2.4-5.2 s, quiet or loaded).
 
 The Hessian is again a Daleckii–Krein sum. With ``K = P diag(μ) Pᵀ``, ``ρ = √μ`` and ``G =
 F P``, the divided difference of ``s^-½`` at ``μ_k, μ_l`` is ``−1/(ρ_k ρ_l (ρ_k + ρ_l))``, so
