@@ -22,8 +22,8 @@ SIAM J. Control Optim. 20(2), 1982, §2): the weights at 0 whose gradient points
 held there, Newton's direction ``(−H_FF)⁻¹ g_F`` moves the others, and a projected Armijo
 search ``v ← max(v + α d, 0)`` keeps ``Φ`` increasing.
 
-It stops as soon as its own iterate certifies the caller's gap (the certificate of
-:meth:`FactoredForm.ascend`: ``X(w)/max x`` against the largest ``low²/Σv`` seen), or after
+It stops as soon as its own iterate certifies the caller's gap (:class:`~dpsql.strategies.
+gaussian.dual.Certificate`: ``X(w)/max x`` against the largest ``low²/Σv`` seen), or after
 its step budget, and hands ``w = v/Σv`` on; the caller's float64 evaluation then certifies
 (or L-BFGS-B and the fixed point finish). A poor Hessian costs steps, never the certificate.
 Pure numerics on the public workload.
@@ -37,6 +37,7 @@ import numpy as np
 import scipy.linalg as la
 
 from dpsql import cancel
+from dpsql.strategies.gaussian.dual import Certificate
 from dpsql.strategies.gaussian.newton import RATIO_FLOOR, nodes
 
 #: Newton steps at most (each one Hessian and one or a few evaluations)
@@ -81,16 +82,14 @@ def ascend(form, w: np.ndarray, gap: float, max_evaluations: int) -> tuple[np.nd
     Over :data:`MAX_CELLS` cells it does nothing: ``(w, 0, False)``."""
     if w.size > MAX_CELLS:
         return w, 0, False
-    state = {"lower": 0.0, "calls": 0}
+    state, certificate = {"calls": 0}, Certificate(gap)
 
     def evaluate(v, parts=None):
         cancel.check()                       # inline (a short solve), a token lands here
         state["calls"] += 1
         rho, low, G, a = form._parts(v) if parts is None else parts
-        total, h = float(v.sum()), float(rho.sum())
-        state["lower"] = max(state["lower"], low * low / total)
-        done = h * float(a.max()) <= (1 + gap) * state["lower"]
-        return 2 * h - total, rho, G, a, done
+        done = certificate.holds(v, rho, low, a)
+        return 2 * float(rho.sum()) - float(v.sum()), rho, G, a, done
 
     # the best point on the ray through w is v = h(w)² w, where (K scaling by h²) ρ and
     # low scale by h, a by 1/h and G stays: no second evaluation
