@@ -58,18 +58,29 @@ def nodes(smin: float, smax: float) -> tuple[np.ndarray, np.ndarray]:
     return t / smin, weights / smin
 
 
+def schur_sum(Q: np.ndarray, r: np.ndarray, power: float) -> np.ndarray:
+    """``Σ_kl (Q_jk Q_mk)(Q_jl Q_ml) (r_k r_l)^power / (r_k + r_l)`` (float32, Fortran order,
+    upper triangle): ``∫ F_t ∘ F_t dt`` with ``F_t = Q diag(r^power e^{−t r}) Qᵀ`` on the nodes
+    of :func:`nodes`, one symmetric rank-k product each. ``power`` 1: this module's ``K``;
+    −1: the factored dual's Hessian (:mod:`~dpsql.strategies.gaussian.projected`). Roots
+    below :data:`RATIO_FLOOR` of the largest are raised to it."""
+    r = np.maximum(r, RATIO_FLOOR * r.max())
+    Qs = np.asfortranarray(Q, dtype=np.float32)
+    out = None
+    for t, weight in zip(*nodes(2 * float(r.min()), 2 * float(r.max()))):
+        B = Qs * np.sqrt(math.sqrt(weight) * r ** power * np.exp(-t * r)).astype(np.float32)
+        F = la.blas.ssyrk(1.0, B)                # F_t, upper triangle
+        F *= F
+        out = F if out is None else out + F
+    return out
+
+
 class Jacobian:
     """``A = K + N Nᵀ / (2h)`` at one point, Cholesky-factored in float32 (see module doc)."""
 
     def __init__(self, Q: np.ndarray, r: np.ndarray, N: np.ndarray, h: float):
-        r = np.maximum(r, RATIO_FLOOR * r.max())
-        Qs = np.asfortranarray(Q, dtype=np.float32)
-        A = np.outer(N / math.sqrt(2 * h), N / math.sqrt(2 * h)).astype(np.float32, order="F")
-        for t, weight in zip(*nodes(2 * float(r.min()), 2 * float(r.max()))):
-            G = Qs * np.sqrt(math.sqrt(weight) * r * np.exp(-t * r)).astype(np.float32)
-            F = la.blas.ssyrk(1.0, G)            # F_t, upper triangle (all potrf reads)
-            F *= F
-            A += F
+        A = schur_sum(Q, r, 1.0)                 # K, upper triangle (all potrf reads)
+        A += np.outer(N / math.sqrt(2 * h), N / math.sqrt(2 * h)).astype(np.float32)
         self.factor, info = la.lapack.spotrf(A, lower=0, overwrite_a=1)
         self.ok = info == 0 and bool(np.all(np.isfinite(np.diag(self.factor))))
         self.N = N

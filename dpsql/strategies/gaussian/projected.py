@@ -31,14 +31,13 @@ Pure numerics on the public workload.
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import scipy.linalg as la
 
 from dpsql import cancel
 from dpsql.strategies.gaussian.dual import Certificate
-from dpsql.strategies.gaussian.newton import RATIO_FLOOR, nodes
+from dpsql.strategies.gaussian.newton import schur_sum
 
 #: Newton steps at most (each one Hessian and one or a few evaluations)
 STEPS = 40
@@ -62,17 +61,10 @@ DAMPING = 1e-5
 
 
 def negative_hessian(G: np.ndarray, rho: np.ndarray) -> np.ndarray:
-    """``−∂a/∂v`` (float32, upper triangle, n x n) from ``G = F P`` and ``ρ = √μ``; see the
-    module doc. Square roots below :data:`RATIO_FLOOR` of the largest are raised to it."""
-    rho = np.maximum(rho, RATIO_FLOOR * rho.max())
-    Gs = np.asfortranarray(G, dtype=np.float32)
-    out = None
-    for t, weight in zip(*nodes(2 * float(rho.min()), 2 * float(rho.max()))):
-        B = Gs * np.sqrt(math.sqrt(weight) * np.exp(-t * rho) / rho).astype(np.float32)
-        F = la.blas.ssyrk(1.0, B)                # F_t, upper triangle
-        F *= F
-        out = F if out is None else out + F
-    return out
+    """``−∂a/∂v`` (float32, upper triangle, n x n) from ``G = F P`` and ``ρ = √μ``: the
+    kernel ``1/(ρ_k ρ_l (ρ_k + ρ_l))`` of the module doc, by
+    :func:`~dpsql.strategies.gaussian.newton.schur_sum`."""
+    return schur_sum(G, rho, -1.0)
 
 
 def ascend(form, w: np.ndarray, gap: float, max_evaluations: int) -> tuple[np.ndarray, int,
