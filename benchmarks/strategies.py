@@ -4,6 +4,7 @@
     python benchmarks/strategies.py --targets      # issue 21's speed targets, process CPU time
     python benchmarks/strategies.py --explain      # only the cold explain line, with phases
     python benchmarks/strategies.py --explain --repeat 9   # ... in 9 fresh processes, spread
+    python benchmarks/strategies.py --explain --repeat 9 --against ../old   # ... beside another
 
 For each workload and strategy it prints the expected workload RMSE at ε = 0.5, δ = 1e-4
 with the paper's calibration σ = Δ·√(2 ln(2/δ))/ε (Li & Miklau; for comparability with the
@@ -312,20 +313,77 @@ def targets() -> int:
     return 0
 
 
-def explain_repeated(runs: int) -> int:
-    """:func:`explain_line` in ``runs`` fresh processes, then the spread of the totals."""
+#: the cold explain through the public API only (connect, protect, explain), so that another
+#: checkout's dpsql (``--against``, e.g. the code before issue 21) runs the same request: the
+#: SQL on stdin, the process CPU seconds on stdout
+PUBLIC_EXPLAIN = """
+import json, os, sys, tempfile
+import duckdb, dpsql
+def cpu():
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+def cold(sql):
+    path = os.path.join(tempfile.mkdtemp(prefix="dpsql-bench-"), "e.duckdb")
+    con = duckdb.connect(path)
+    con.execute("CREATE TABLE t (x INTEGER)")
+    con.close()
+    db = dpsql.connect(path)
+    db.protect("t", {"epsilon": 10.0, "delta": 1e-5, "columns": {
+        "x": {"type": "integer", "min": 0, "max": 1023, "step": 1}}})
+    t = cpu()
+    db.explain(sql, epsilon=1.0, delta=1e-6, strategy="optimal")
+    t = cpu() - t
+    db.close()
+    return t
+sql = json.load(sys.stdin)
+cold(sql[:3])
+print(cold(sql[3:]))
+"""
+
+
+def public_explain(root: str, sql: list) -> float:
+    """:data:`PUBLIC_EXPLAIN` in a fresh process on the checkout at ``root``."""
+    import json
+    import subprocess
+    env = dict(os.environ, PYTHONPATH=root)
+    out = subprocess.run([sys.executable, "-c", PUBLIC_EXPLAIN], cwd=root, env=env,
+                         input=json.dumps(sql), capture_output=True, text=True, check=True)
+    return float(out.stdout.split()[-1])
+
+
+def spread(label: str, totals: list) -> None:
+    totals = sorted(totals)
+    print(f"{label} over {len(totals)} fresh processes: min {totals[0]:.2f}, median "
+          f"{float(np.median(totals)):.2f}, max {totals[-1]:.2f} s (target <= 1.5 s); "
+          f"{sum(t <= 1.5 for t in totals)} of {len(totals)} within", flush=True)
+
+
+def explain_repeated(runs: int, against: str | None = None) -> int:
+    """:func:`explain_line` in ``runs`` fresh processes, then the spread of the totals;
+    ``against``: instead, the public-API explain of this checkout and of the one at that
+    path, alternately (the same machine, the same moment: the code's change alone)."""
     import re
     import subprocess
+    if against is not None:
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        sql = ([f"SELECT COUNT(*) FROM t WHERE x = {v}" for v in range(3)]
+               + points_and_ranges()[1])
+        mine, theirs = [], []
+        for _ in range(runs):
+            mine.append(public_explain(here, sql))
+            theirs.append(public_explain(os.path.abspath(against), sql))
+            print(f"explain (public API, cold): this checkout {mine[-1]:.2f} s, "
+                  f"{against} {theirs[-1]:.2f} s", flush=True)
+        spread("this checkout", mine)
+        spread(against, theirs)
+        return 0
     totals = []
     for _ in range(runs):
         out = subprocess.run([sys.executable, os.path.abspath(__file__), "--explain"],
                              capture_output=True, text=True, check=True).stdout
         print(out, end="", flush=True)
         totals.append(float(re.search(r"\(SQL, cold\) ([0-9.]+) s", out).group(1)))
-    totals.sort()
-    print(f"explain over {runs} fresh processes: min {totals[0]:.2f}, median "
-          f"{float(np.median(totals)):.2f}, max {totals[-1]:.2f} s (target <= 1.5 s); "
-          f"{sum(t <= 1.5 for t in totals)} of {runs} within", flush=True)
+    spread("explain", totals)
     return 0
 
 
@@ -344,11 +402,15 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=1,
                     help="with --explain: that many runs, each in a fresh process, and "
                          "their min / median / max (the machine's noise is +-15%%)")
+    ap.add_argument("--against", metavar="CHECKOUT",
+                    help="with --explain --repeat: the same explain through the public API "
+                         "on this checkout and on another (e.g. a worktree of the code before "
+                         "issue 21), alternately")
     args = ap.parse_args(argv)
     if args.targets:
         return targets()
     if args.explain and args.repeat > 1:
-        return explain_repeated(args.repeat)
+        return explain_repeated(args.repeat, args.against)
     if args.explain:
         return explain_line()
     max_n = min(args.max_n, 1024) if args.quick else args.max_n
