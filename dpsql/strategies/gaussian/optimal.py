@@ -40,7 +40,7 @@ the returned strategy whatever the solver did. ``h`` is concave, ``∂h/∂w_j =
   ``K = Fᵀ D F`` (``r x r``), and the many optimal weights that are 0 — where the fixed point
   crawls — are reached on an equivalent bound-constrained concave program
   (:class:`~dpsql.strategies.gaussian.dual.FactoredForm`) by projected Newton steps
-  (:mod:`~dpsql.strategies.gaussian.projected`: 8-24 evaluations, mostly 10-12, on 60-1,536
+  (:mod:`~dpsql.strategies.gaussian.projected`: 8-12 evaluations on 36 batches of 64-1,536
   random ranges over 256-1,024 cells, where L-BFGS-B alone took 45-106; on 600 ranges over
   1,024 cells 12 against 106), L-BFGS-B where they stall short of the gap, then certified (and
   if need be finished) by the fixed point. (The rescaled ``X'`` would leave the row space of

@@ -126,15 +126,17 @@ def _direction(G: np.ndarray, rho: np.ndarray, g: np.ndarray) -> np.ndarray | No
 
 def _search(evaluate, v, value, g, d, budget: int):
     """Projected Armijo search: the first ``α = 2^-i`` with ``Φ(moved) >= Φ(v) + ARMIJO ·
-    gᵀ(moved − v)``, ``moved = max(v + α d, KEEP · v)``; ``(moved, its evaluation)`` or
-    None."""
+    gᵀ(moved − v)``, ``moved = max(v + α d, KEEP · v)``, or whose ``moved`` certifies the
+    gap; ``(moved, its evaluation)`` or None. (Near the optimum ``Φ`` is flat to its
+    rounding: a full step that certified failed Armijo's test on rounding alone, the halved
+    ones moved away, and L-BFGS-B then stalled for 60 evaluations.)"""
     alpha = 1.0
     for _ in range(min(HALVINGS, budget)):
         moved = np.maximum(v + alpha * d, KEEP * v)
         moved[d == -v] = v[d == -v] * (1 - alpha)            # the active set: toward 0
         if moved.sum() > 0:
             found = evaluate(moved)
-            if found[0] >= value + ARMIJO * float(g @ (moved - v)):
+            if found[4] or found[0] >= value + ARMIJO * float(g @ (moved - v)):
                 return moved, found
         alpha /= 2
     return None
