@@ -292,7 +292,8 @@ def targets() -> int:
         notes = dict(REGISTRY["optimal"].plan(w).notes)
         line(f"optimal {k} random ranges n={n} (rank {np.linalg.matrix_rank(w.V)}): gap",
              notes["gap"] * 1e6, 1.0,
-             f"({notes['iterations']} evaluations, {time.process_time() - t:.2f} s)", unit="e-6")
+             f"({notes['iterations']} evaluations, {time.process_time() - t:.2f} s; priced "
+             f"{REGISTRY['optimal'].estimated_seconds(w):.2f} s)", unit="e-6")
     for label, work in [("all-range n=1024", lambda: all_range(1024)),
                         ("all-range n=2048", lambda: all_range(2048)),
                         ("points + random ranges n=1024", lambda: points_and_ranges(1024)[0]),

@@ -31,7 +31,7 @@ def predicted(workload: Workload, family: str, name: str, strategy,
     ``fitted=False``: the model before calibration, for ``benchmarks/limits.py --fit``)."""
     n, m, nnz = workload.n_cells, workload.n_queries, workload.W.nnz
     estimate = getattr(strategy, "estimated_seconds", None)
-    seconds = estimate(SimpleNamespace(n=n)) if estimate is not None and fitted else 0.0
+    seconds = estimate(SimpleNamespace(n=n, m=m)) if estimate is not None and fitted else 0.0
     base = spec.parse(name)[0]
     key = f"{base}/laplace" if family == "laplace" and base == "eigen" else base
     return planning.candidate_cost(key, n, m, nnz, seconds, fitted,

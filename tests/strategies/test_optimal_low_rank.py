@@ -172,3 +172,21 @@ def test_kronecker_factors_keep_the_larger_mix_and_certify_their_tolerance():
     sol = optimal.solve(WorkloadInfo(64, V=info.V, m=64), tol=kronecker.FACTOR_TOL)
     assert sol.mix == optimal.MIX and sol.gap <= kronecker.FACTOR_TOL
     assert sol.iterations < 100
+
+
+def test_auto_skips_a_low_rank_solve_it_prices_over_its_limit(monkeypatch):
+    """2,000 ranges over 3,000 cells: priced as full rank (``0.45 (n/1024)³``, 11 s) ``auto``
+    planned it, for 69 s of CPU; priced by its rank (at most the 2,000 queries) it is over
+    ``auto``'s limit, so ``auto`` skips it, saying why, and never starts the solve. With as
+    many queries as cells the price stays the full-rank one."""
+    from types import SimpleNamespace
+
+    from dpsql.mechanisms import selection
+    monkeypatch.setattr(optimal, "solve", lambda *a, **k: pytest.fail("solved"))
+    batch = SimpleNamespace(W=ranges(3000, 2000, 1).W, shape=(3000,))
+    found = selection.evaluate(None, "gaussian", "optimal", optimal.Optimal(), batch, auto=True)
+    assert found.status == "skipped" and "estimated" in found.note
+    price = optimal.Optimal().estimated_seconds
+    assert price(SimpleNamespace(n=3000, m=2000)) > selection.AUTO_TIME_LIMIT
+    assert price(SimpleNamespace(n=1024, m=2524)) == price(SimpleNamespace(n=1024, m=1024))
+    assert price(SimpleNamespace(n=1024, m=300)) < price(SimpleNamespace(n=1024, m=600))
