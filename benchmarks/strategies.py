@@ -175,6 +175,25 @@ def random_ranges(n: int, k: int, seed: int) -> WorkloadInfo:
         sp.csr_matrix((np.ones(cols.size), cols, indptr), shape=(k, n)), (n,))
 
 
+def fresh_table(n: int):
+    """A session on a fresh database whose table ``t`` has one protected integer column
+    ``x`` in ``0..n-1``, made through the public API only (:data:`PUBLIC_EXPLAIN` sends this
+    function's source to another checkout)."""
+    import tempfile
+
+    import duckdb
+
+    import dpsql
+    path = os.path.join(tempfile.mkdtemp(prefix="dpsql-bench-"), "e.duckdb")
+    con = duckdb.connect(path)
+    con.execute("CREATE TABLE t (x INTEGER)")
+    con.close()
+    db = dpsql.connect(path)
+    db.protect("t", {"epsilon": 10.0, "delta": 1e-5, "columns": {
+        "x": {"type": "integer", "min": 0, "max": n - 1, "step": 1}}})
+    return db
+
+
 def explain_seconds(sql: list, n: int, strategy: str = "optimal") -> tuple[float, dict]:
     """(process CPU seconds of a cold Session.explain with ``strategy``, its phases).
 
@@ -183,21 +202,10 @@ def explain_seconds(sql: list, n: int, strategy: str = "optimal") -> tuple[float
     phases are ``parse`` (SQL to IR), ``compile`` (IR to the workload), ``svdb``, ``optimal``
     (the solver) and ``least squares`` (the factorisation and error factors), each
     timed inline or, when predicted long, with its forked worker."""
-    import tempfile
-
-    import duckdb
-
-    import dpsql
     from dpsql import cancel
     from dpsql.release import mechanism
     from dpsql.sql import memo
-    path = os.path.join(tempfile.mkdtemp(prefix="dpsql-bench-"), "e.duckdb")
-    con = duckdb.connect(path)
-    con.execute("CREATE TABLE t (x INTEGER)")
-    con.close()
-    db = dpsql.connect(path)
-    db.protect("t", {"epsilon": 10.0, "delta": 1e-5, "columns": {
-        "x": {"type": "integer", "min": 0, "max": n - 1, "step": 1}}})
+    db = fresh_table(n)
     memo.clear()
     phases: dict = {}
     names = {"svdb": "svdb", "_solved": "least squares",
@@ -328,19 +336,12 @@ def targets() -> int:
 #: checkout's dpsql (``--against``, e.g. the code before issue 21) runs the same request: the
 #: SQL on stdin, the process CPU seconds on stdout
 PUBLIC_EXPLAIN = """
-import json, os, sys, tempfile
-import duckdb, dpsql
+import json, os, sys
 def cpu():
     t = os.times()
     return t.user + t.system + t.children_user + t.children_system
 def cold(sql):
-    path = os.path.join(tempfile.mkdtemp(prefix="dpsql-bench-"), "e.duckdb")
-    con = duckdb.connect(path)
-    con.execute("CREATE TABLE t (x INTEGER)")
-    con.close()
-    db = dpsql.connect(path)
-    db.protect("t", {"epsilon": 10.0, "delta": 1e-5, "columns": {
-        "x": {"type": "integer", "min": 0, "max": 1023, "step": 1}}})
+    db = fresh_table(1024)
     t = cpu()
     db.explain(sql, epsilon=1.0, delta=1e-6, strategy="optimal")
     t = cpu() - t
@@ -354,10 +355,12 @@ print(cold(sql[3:]))
 
 def public_explain(root: str, sql: list) -> float:
     """:data:`PUBLIC_EXPLAIN` in a fresh process on the checkout at ``root``."""
+    import inspect
     import json
     import subprocess
     env = dict(os.environ, PYTHONPATH=root)
-    out = subprocess.run([sys.executable, "-c", PUBLIC_EXPLAIN], cwd=root, env=env,
+    script = inspect.getsource(fresh_table) + PUBLIC_EXPLAIN
+    out = subprocess.run([sys.executable, "-c", script], cwd=root, env=env,
                          input=json.dumps(sql), capture_output=True, text=True, check=True)
     return float(out.stdout.split()[-1])
 
