@@ -150,6 +150,21 @@ def test_a_rank_that_is_a_large_share_of_many_cells_gets_newton_steps(monkeypatc
     assert formed and sol.gap <= optimal.TOL and sol.iterations <= 20
 
 
+def test_lbfgs_ascends_at_any_rank_where_the_newton_steps_do_not_run(monkeypatch):
+    """No Hessian (many cells, a rank under RANK_SHARE of them) and a rank over
+    LBFGS_MAX_RANK: L-BFGS-B still ascends, rather than the fixed point alone (which crawls
+    where many optimal weights are 0)."""
+    monkeypatch.setattr(projected, "HESSIAN_CELLS", 50)
+    monkeypatch.setattr(projected, "RANK_SHARE", 0.9)
+    monkeypatch.setattr(optimal, "LBFGS_MAX_RANK", 10)
+    calls = []
+    real = FactoredForm.ascend
+    monkeypatch.setattr(FactoredForm, "ascend",
+                        lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    sol = optimal.solve(ranges(64, 40, 0))                # rank 40 < 0.9 * 64, > 10
+    assert calls and sol.gap <= optimal.TOL
+
+
 @pytest.mark.parametrize("duplicate", [False, True])
 def test_the_row_space_factor_reproduces_the_gram_matrix(duplicate):
     """``F Fᵀ = Wᵀ W`` with ``F`` of full column rank: ``Wᵀ`` itself for independent rows,

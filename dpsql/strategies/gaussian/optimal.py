@@ -100,7 +100,8 @@ SLACK_ROWS = 1e-3
 #: dense eigenproblems beyond this many cells are refused
 MAX_CELLS = 8192
 #: rank up to which L-BFGS-B finishes a low-rank ascent the projected Newton steps did not
-#: certify (or ascends alone, over many cells), and its budget
+#: certify (where they did not run — few queries over many cells — it ascends alone at any
+#: rank), and its budget
 LBFGS_MAX_RANK, LBFGS_EVALUATIONS = 1024, 1000
 
 
@@ -168,6 +169,7 @@ def _row_space(Ws: sp.csr_matrix) -> np.ndarray:
     Gram product is dense where the sparse one's ``Σ nnz(column)²`` multiply-adds would cost
     more (long ranges: 0.87 against 0.18 s at 1,500 ranges over 2,048 cells)."""
     m, cells = Ws.shape
+    D = None
     if float(np.square(np.diff(Ws.tocsc().indptr), dtype=float).sum()) > m * m * cells / 50:
         D = np.asfortranarray(Ws.T.toarray())
         G = la.blas.dsyrk(1.0, D, trans=1)                   # upper triangle: all potrf reads
@@ -178,7 +180,7 @@ def _row_space(Ws: sp.csr_matrix) -> np.ndarray:
     if info == 0:
         rcond, info = la.lapack.dpocon(factor, float(np.abs(G).sum(axis=0).max()))
         if info == 0 and rcond > 100 * RANK_TOL:
-            return np.asarray(Ws.T.toarray())
+            return np.ascontiguousarray(Ws.T.toarray() if D is None else D)
     lam, U = eigh(G)
     keep = lam > RANK_TOL * lam.max()
     return np.asarray(Ws.T @ U[:, keep])
@@ -204,7 +206,7 @@ def solve(workload: WorkloadInfo, *, tol: float = TOL, max_iterations: int = 100
         if isinstance(form, FactoredForm) and form.r < support.size:
             target = (1 + tol) * (1 - mix_weight(tol)) - 1       # X(w) is singular: mixed
             w, used, done = projected.ascend(form, w, 0.9 * target, LBFGS_EVALUATIONS)
-            if not done and form.r <= LBFGS_MAX_RANK:
+            if not done and (form.r <= LBFGS_MAX_RANK or used == 0):  # (0: no Hessian)
                 w, more = form.ascend(w, LBFGS_EVALUATIONS, target / 2)
                 used += more
         single = weights is None and isinstance(form, FullForm) and max_iterations > 1

@@ -46,9 +46,9 @@ STEPS = 40
 #: step then costs about what L-BFGS-B's four or five times as many evaluations, ``n r² +
 #: r³`` each, would) and up to :data:`MAX_CELLS` (805 MB at 8,192, as much as the dense
 #: path's own matrices). Elsewhere (few queries over many cells) the caller's L-BFGS-B
-#: (O(n r) memory) ascends alone. At 2,048 cells and rank 1,500 (the rank above which
-#: L-BFGS-B is not tried) the fixed point alone had stalled at a gap of 4.6e-6 after 49 s;
-#: these steps certify in 11 evaluations, 13 s
+#: (O(n r) memory) ascends alone. At 2,048 cells and rank 1,441 (over the rank up to which
+#: L-BFGS-B is tried) the fixed point alone had stalled at a gap of 4.6e-6 after 49 s; these
+#: steps certify in 11 evaluations, 12-14 s
 HESSIAN_CELLS, RANK_SHARE, MAX_CELLS = 2048, 0.25, 8192
 #: Armijo's sufficient-increase fraction and the largest number of halvings per step
 ARMIJO, HALVINGS = 1e-4, 8
