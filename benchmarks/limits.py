@@ -203,7 +203,7 @@ def _cost(family, name, strategy, n, m, nnz):
     class _N:  # noqa: E306
         pass
     info = _N()
-    info.n = n
+    info.n, info.m = n, m
     key = "eigen/laplace" if family == "laplace" and name == "eigen" else name
     # WᵀW by column differences (dpsql.workload.matrix.gram_route): two per range, one for
     # the n ranges that end in the last column, and the dense passes 4n²

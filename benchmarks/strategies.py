@@ -423,7 +423,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.targets:
         return targets()
-    if args.explain and args.repeat > 1:
+    if args.explain and (args.repeat > 1 or args.against):
         return explain_repeated(args.repeat, args.against)
     if args.explain:
         return explain_line()

@@ -165,11 +165,17 @@ def test_lbfgs_ascends_at_any_rank_where_the_newton_steps_do_not_run(monkeypatch
     assert calls and sol.gap <= optimal.TOL
 
 
+@pytest.mark.parametrize("short", [False, True])
 @pytest.mark.parametrize("duplicate", [False, True])
-def test_the_row_space_factor_reproduces_the_gram_matrix(duplicate):
+def test_the_row_space_factor_reproduces_the_gram_matrix(duplicate, short):
     """``F Fᵀ = Wᵀ W`` with ``F`` of full column rank: ``Wᵀ`` itself for independent rows,
-    the eigenvectors' route when a row repeats (rank one less than the rows)."""
-    W = ranges(96, 60, 4).W
+    the eigenvectors' route when a row repeats (rank one less than the rows); the Gram
+    product dense (long ranges) or sparse (points and pairs of cells)."""
+    if short:
+        W = sp.vstack([sp.identity(96, format="csr")[:50],
+                       sp.csr_matrix(np.eye(96, k=1)[50:60] + np.eye(96)[50:60])]).tocsr()
+    else:
+        W = ranges(96, 60, 4).W
     if duplicate:
         W = sp.vstack([W, W[3]]).tocsr()
     F = optimal._row_space(W)

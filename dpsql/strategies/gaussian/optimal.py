@@ -172,8 +172,8 @@ def _row_space(Ws: sp.csr_matrix) -> np.ndarray:
     D = None
     if float(np.square(np.diff(Ws.tocsc().indptr), dtype=float).sum()) > m * m * cells / 50:
         D = np.asfortranarray(Ws.T.toarray())
-        G = la.blas.dsyrk(1.0, D, trans=1)                   # upper triangle: all potrf reads
-        G = np.triu(G) + np.triu(G, 1).T                      # eigh and the norm read both
+        G = la.blas.dsyrk(1.0, D, trans=1)                   # upper triangle, lower zeros
+        G += np.triu(G, 1).T                                  # eigh and the norm read both
     else:
         G = (Ws @ Ws.T).toarray()
     factor, info = la.lapack.dpotrf(G, lower=0)
@@ -193,7 +193,8 @@ def solve(workload: WorkloadInfo, *, tol: float = TOL, max_iterations: int = 100
     ``weights`` (length n, nonnegative) warm-starts the dual; the default is uniform, whose
     first lower bound is svdb (but a cold start's first step is float32 and no bound when a
     second step may follow: ``max_iterations > 1``). A low-rank workload is first ascended
-    by L-BFGS-B; then the fixed point runs for at most ``max_iterations``
+    by projected Newton steps and, where they did not certify, L-BFGS-B (see
+    :data:`LBFGS_MAX_RANK`); then the fixed point runs for at most ``max_iterations``
     eigendecompositions, stopping at the gap or when it stalls, and the best strategy found
     is returned with its certified gap.
     """
@@ -206,7 +207,8 @@ def solve(workload: WorkloadInfo, *, tol: float = TOL, max_iterations: int = 100
         if isinstance(form, FactoredForm) and form.r < support.size:
             target = (1 + tol) * (1 - mix_weight(tol)) - 1       # X(w) is singular: mixed
             w, used, done = projected.ascend(form, w, 0.9 * target, LBFGS_EVALUATIONS)
-            if not done and (form.r <= LBFGS_MAX_RANK or used == 0):  # (0: no Hessian)
+            newton = projected.forms_hessian(support.size, form.r)
+            if not done and (form.r <= LBFGS_MAX_RANK or not newton):
                 w, more = form.ascend(w, LBFGS_EVALUATIONS, target / 2)
                 used += more
         single = weights is None and isinstance(form, FullForm) and max_iterations > 1
@@ -353,7 +355,7 @@ class Optimal:
         m = getattr(workload, "m", n)
         if m >= n:
             return 0.45 * (n / 1024.0) ** 3
-        if n <= projected.HESSIAN_CELLS or m >= projected.RANK_SHARE * n:
+        if projected.forms_hessian(n, m):
             return 1.6e-9 * n * m * (n + m)
         return 1.4e-8 * n * m * m
 

@@ -25,7 +25,8 @@ search ``v ← max(v + α d, 0)`` keeps ``Φ`` increasing.
 It stops as soon as its own iterate certifies the caller's gap (:class:`~dpsql.strategies.
 gaussian.dual.Certificate`: ``X(w)/max x`` against the largest ``low²/Σv`` seen), or after
 its step budget, and hands ``w = v/Σv`` on; the caller's float64 evaluation then certifies
-(or L-BFGS-B and the fixed point finish). A poor Hessian costs steps, never the certificate.
+(or L-BFGS-B, up to its rank limit, and the fixed point finish). A poor Hessian costs steps,
+never the certificate.
 Pure numerics on the public workload.
 """
 
@@ -66,6 +67,12 @@ KEEP = 1e-2
 DAMPING = 1e-5
 
 
+def forms_hessian(cells: int, rank: int) -> bool:
+    """Whether these steps run (their n x n Hessian is formed) on a factored dual of
+    ``rank`` over ``cells``: see :data:`HESSIAN_CELLS`."""
+    return cells <= HESSIAN_CELLS or RANK_SHARE * cells <= rank and cells <= MAX_CELLS
+
+
 def negative_hessian(G: np.ndarray, rho: np.ndarray) -> np.ndarray:
     """``−∂a/∂v`` (float32, upper triangle, n x n) from ``G = F P`` and ``ρ = √μ``: the
     kernel ``1/(ρ_k ρ_l (ρ_k + ρ_l))`` of the module doc, by
@@ -77,9 +84,9 @@ def ascend(form, w: np.ndarray, gap: float, max_evaluations: int) -> tuple[np.nd
                                                                           bool]:
     """Projected Newton from ``w`` (on the simplex) until its iterate certifies ``gap``:
     ``(w, evaluations, certified)``; ``w`` is the best iterate (largest ``Φ``) when not.
-    Where the Hessian is not formed (:data:`HESSIAN_CELLS`) it does nothing: ``(w, 0,
+    Where the Hessian is not formed (:func:`forms_hessian`) it does nothing: ``(w, 0,
     False)``."""
-    if w.size > MAX_CELLS or (w.size > HESSIAN_CELLS and form.r < RANK_SHARE * w.size):
+    if not forms_hessian(w.size, form.r):
         return w, 0, False
     state, certificate = {"calls": 0}, Certificate(gap)
 
