@@ -92,16 +92,24 @@ class Cursor:
         with self._cancellable():
             return self._explain(_Template(operation).bind(parameters))
 
-    def _explain(self, sql):
-        s = self.connection._snapshot()
+    def _explain(self, sql, block=None):
+        """``Session.explain`` of ``sql`` under the connection's settings (``block``: its
+        ``check`` only, against the block's policies: parsed and compiled, no strategy
+        selected)."""
+        settings = {k: v for k, v in self.connection._snapshot().items()
+                    if k in _EXPLAIN_SETTINGS}
+        session = self.connection._session
         with _backend(), self.connection._planning():
-            return self.connection._session.explain(
-                sql, **{k: v for k, v in s.items() if k in _EXPLAIN_SETTINGS})
+            if block is None:
+                return session.explain(sql, **settings)
+            if block.policies is None:
+                block.policies = session.policies()
+            return session.check(sql, policies=block.policies, **settings)
 
     def _run(self, sql: str | list[str]) -> "Cursor":
         """Answer ``sql``, walking its workload markers (:func:`dpsql.sql.marker.walk`) when
-        it has any or a block is open: queries inside a block are checked (explained with
-        the block so far) and collected; ``COMMIT`` releases the block as one workload. The
+        it has any or a block is open: queries inside a block are checked (the block so far
+        parsed and compiled: ``Session.check``) and collected; ``COMMIT`` releases the block as one workload. The
         result sets of every release this execute made are loaded, in order."""
         conn = self.connection
         texts = [sql] if isinstance(sql, str) else sql
@@ -126,11 +134,13 @@ class Cursor:
         return self
 
     def _collect(self, text: str) -> None:
-        """Add one statement to the open block once the block with it explains (a refused
-        statement is not added; the block stays open as it was)."""
+        """Add one statement to the open block once the block with it parses and compiles
+        (``Session.check``: a refused statement is not added; the block stays open as it
+        was). Explaining the block at every statement, as this did, made a block of n
+        statements cost n strategy selections: 600 through psql did not end in 10 min."""
         block = self.connection._block
         try:
-            self._explain([*block.statements, text])
+            self._explain([*block.statements, text], block)
         except Error as exc:
             raise type(exc)(f"{exc}; the statement was not added to the open workload "
                             f"block ({block.describe()}): fix it and execute it again, or "

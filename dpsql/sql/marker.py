@@ -123,11 +123,15 @@ def has_marker(text: str) -> bool:
 @dataclass
 class WorkloadBlock:
     """The statements collected since ``BEGIN WORKLOAD`` (one per connection, shell or
-    script walk). ``opened``: where it was opened, for messages."""
+    script walk). ``opened``: where it was opened, for messages. ``policies``: the protected
+    tables' policies as first read for this block (``Session.policies()``), against which
+    an interface checks each statement collected (``Session.check``) without reopening the
+    database each time; the release at ``COMMIT`` reads them afresh."""
 
     statements: list = field(default_factory=list)
     is_open: bool = False
     opened: str = ""
+    policies: dict | None = None
 
     def begin(self, line: int | None = None, column: int | None = None) -> None:
         """Open the block; refused when one is open already (it stays open as it was)."""
@@ -136,7 +140,7 @@ class WorkloadBlock:
                 f"BEGIN WORKLOAD: a workload block is already open{self.opened} with "
                 f"{self.describe()}; blocks do not nest: COMMIT; to release it or "
                 "ROLLBACK; to discard it first", line, column)
-        self.is_open, self.statements = True, []
+        self.is_open, self.statements, self.policies = True, [], None
         self.opened = f" (since line {line})" if line is not None else ""
 
     def add(self, *texts: str) -> None:
@@ -145,6 +149,7 @@ class WorkloadBlock:
     def close(self) -> list:
         """Close the block; its statements (to release or to discard)."""
         done, self.statements, self.is_open, self.opened = self.statements, [], False, ""
+        self.policies = None
         return done
 
     def describe(self) -> str:

@@ -228,3 +228,49 @@ def test_dpsql_run_releases_a_block_once(path):
                             env={"PYTHONPATH": str(ROOT), "PATH": ""})
     assert nested.returncode == 65 and "Traceback" not in nested.stderr
     assert "blocks do not nest" in nested.stderr and "line 2" in nested.stderr
+
+
+# ------------------------------------------------------------- collecting is a check only
+def test_dbapi_collects_a_block_without_selecting_strategies(conn, monkeypatch):
+    """Each statement added is checked (parsed and compiled, against the policies read once
+    for the block), not explained: explaining the block at every statement made a block of
+    n statements cost n strategy selections (600 through psql: over 10 minutes). A statement
+    that does not compile is still refused before it is added."""
+    from dpsql import session as session_module
+    reads, real = [], session_module.Session.policies
+    monkeypatch.setattr(session_module.Session, "policies",
+                        lambda self: reads.append(1) or real(self))
+    monkeypatch.setattr(session_module.Session, "explain",
+                        lambda *a, **k: pytest.fail("a collected statement was explained"))
+    cur = conn.cursor()
+    cur.execute("BEGIN WORKLOAD")
+    for sql in (Q1, Q2, Q3):
+        cur.execute(sql)
+    with pytest.raises(dbapi.ProgrammingError, match="column 'name'.*not added"):
+        cur.execute("SELECT name, COUNT(*) FROM adult GROUP BY name")
+    assert reads == [1] and conn.workload == (Q1 + ";", Q2 + ";", Q3 + ";")
+    cur.execute("COMMIT")
+    (entry,) = conn.session.ledger()
+    assert entry["epsilon"] == 0.1 and len(entry["result_tables"]) == 3
+
+
+def test_a_shell_script_block_is_checked_not_explained(path, tmp_path, monkeypatch, capsys):
+    """``dpsql shell -f``: no running cost per statement (no strategy selected until the
+    release); a statement that does not compile stops the script, nothing charged."""
+    from dpsql import session as session_module
+    from dpsql.interfaces.shell import app
+    monkeypatch.setattr(session_module.Session, "explain",
+                        lambda *a, **k: pytest.fail("a collected statement was explained"))
+    script = tmp_path / "block.sql"
+    script.write_text(f"BEGIN WORKLOAD;\n{Q1};\n{Q2};\n{Q3};\nCOMMIT;\n")
+    assert app.main([path, "--epsilon", "0.1", "--delta", "1e-6", "-f", str(script)]) == 0
+    out = capsys.readouterr()
+    assert "COMMIT; would spend" not in out.out + out.err        # no running cost
+    assert "releasing the workload block: 3 statements as ONE workload" in out.out + out.err
+    bad = tmp_path / "bad.sql"
+    bad.write_text(f"BEGIN WORKLOAD;\n{Q1};\nSELECT name, COUNT(*) FROM adult GROUP BY name;\n"
+                   "COMMIT;\n")
+    assert app.main([path, "--epsilon", "0.1", "--delta", "1e-6", "-f", str(bad)]) != 0
+    assert "not added to the workload block" in capsys.readouterr().err
+    with dbapi.connect(path, epsilon=0.1, delta=1e-8) as conn:
+        assert len(conn.session.ledger()) == 1                  # the good block only

@@ -1,8 +1,9 @@
 """Batches in the shell: the workload marker, its running cost, and the one-by-one hint.
 
 ``BEGIN WORKLOAD;`` (or ``\\begin``) opens a block: each statement typed after it is
-checked and collected, not released, and the shell shows what the block would cost and its
-expected error so far (from :meth:`dpsql.Session.explain`: no data read, nothing spent).
+checked and collected, not released, and at a terminal the shell shows what the block would
+cost and its expected error so far (from :meth:`dpsql.Session.explain`: no data read, nothing
+spent; a script's statements are only checked, :meth:`dpsql.Session.check`).
 ``COMMIT;`` (or ``\\end``) releases the block as ONE workload, through the same path as any
 submission (confirmation included); ``ROLLBACK;`` discards it. The marker is recognised by
 :mod:`dpsql.sql.marker`, the one place every interface shares.
@@ -52,13 +53,25 @@ def run_sql(ex, sql: str) -> None:
 
 
 def _collect(ex, text: str) -> None:
-    """Check the block with ``text`` added (explain), add it, show the running cost. A
-    refused statement is not added; the rest of its submission is not run."""
+    """Check the block with ``text`` added, add it and, at a terminal, show the running cost
+    (explain). A script (``-f``, ``-e``, piped) only checks it (``Session.check``: parsed and
+    compiled, no strategy selected): explaining the block at every statement made a block of
+    n statements cost n strategy selections (60 took 52 s, 600 did not end in 10 min); the
+    release at ``COMMIT`` says what it spent. A refused statement is not added; the rest of
+    its submission is not run."""
     from dpsql.errors import DpsqlError
 
     block = ex.block
+    sql = "\n".join([*block.statements, text])
     try:
-        expl = ex._explained("\n".join([*block.statements, text]), ex.state.request())
+        if not ex.state.interactive:
+            session = ex.state.session
+            if block.policies is None:
+                block.policies = session.policies()
+            session.check(sql, policies=block.policies, **ex.state.request())
+            block.add(text)
+            return
+        expl = ex._explained(sql, ex.state.request())
     except DpsqlError as exc:
         exc.args = (f"{exc}; the statement was not added to the workload block "
                     f"({block.describe()}), nor anything after it in this submission: "
