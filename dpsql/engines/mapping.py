@@ -90,10 +90,13 @@ def _regexp_like(value: exp.Expression, pattern: str) -> exp.Expression:
 
 
 def _case(whens, default) -> exp.Expression:
-    case = exp.case()
-    for condition, then in whens:
-        case = case.when(condition, then)
-    return case.else_(default) if default is not None else case
+    """``CASE WHEN … THEN … [ELSE …] END`` built in one go: sqlglot's ``Case.when`` copies
+    the whole expression at every call, so a column of 1,500 parts took 5.9 s (of an 8-s
+    release of 2,000 ranges) to map; each condition and value is still copied once."""
+    ifs = [exp.If(this=exp.maybe_parse(condition, copy=True),
+                  true=exp.maybe_parse(then, copy=True)) for condition, then in whens]
+    return exp.Case(ifs=ifs, default=None if default is None
+                    else exp.maybe_parse(default, copy=True))
 
 
 def _null(sql_type: str) -> exp.Expression:
