@@ -97,7 +97,9 @@ class Explanation:
                  "mwem": "MWEM (pure epsilon-DP, data-dependent)",
                  "dx_laplace": "d_X Laplace (metric privacy; epsilon per unit distance)",
                  "reuse": "no new noise: every answer comes from past releases"}
-        bound = (f"; lower bound ({self.bound_name}) RMSE {self.bound_rmse:.4g}"
+        # the bound is the chosen noise's: say so where it is not the Gaussian rows' own
+        under = " for Laplace noise" if self.mechanism == "laplace" else ""
+        bound = (f"; lower bound ({self.bound_name}){under} RMSE {self.bound_rmse:.4g}"
                  if math.isfinite(self.bound_rmse) else
                  f"; {self.bound_note}" if self.bound_note else "")
         how = ("one charge, measured in blocks (below)" if self.parts

@@ -61,3 +61,14 @@ def test_auto_falls_back_to_svdb_when_optimal_fails(adult_db, monkeypatch):
     expected = halfwidths.bound_rmse(e.mechanism, 0.5, 1e-6, "analytic", totals[0],
                                      e.n_queries)
     assert e.bound_rmse == pytest.approx(expected, rel=1e-12)
+
+
+def test_the_header_says_whose_noise_its_bound_is_for(adult_db):
+    """The header's bound is the chosen noise's: under Laplace noise it is not the number the
+    Gaussian rows' ``x bound`` column divides by, so the header says so (a new user read the
+    Laplace figure as the Gaussian optimum's)."""
+    laplace = adult_db.explain(SQL, **ASK)                 # auto: Laplace wins here
+    assert laplace.mechanism == "laplace"
+    assert f"({laplace.bound_name}) for Laplace noise RMSE" in str(laplace)
+    gaussian = adult_db.explain(SQL, strategy="optimal", **ASK)
+    assert f"({selection.CERTIFIED}) RMSE" in str(gaussian)
