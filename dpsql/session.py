@@ -153,19 +153,22 @@ class Session:
     def check(self, sql: str | Sequence[str], *, epsilon=None, delta=None,
               strategy: str = "auto", calibration: str = "analytic", model: str = "dp",
               target_rmse=None, max_stderr=None, reuse: bool | None = None,
-              policies: dict | None = None) -> None:
+              block=None) -> None:
         """Raise the error the batch would get at parsing and compiling (a workload block's
         check of each statement added: :func:`dpsql.release.path.check`); reads no data,
         spends nothing, selects no strategy. The settings (:meth:`explain`'s) are checked
-        as :meth:`explain` checks them. ``policies``: check against these (:meth:`policies`,
-        read once for a block) instead of opening the database (0.3 s a time on one with
-        many past releases)."""
+        as :meth:`explain` checks them. ``block`` (a :class:`~dpsql.sql.marker.WorkloadBlock`
+        whose statements ``sql`` extends): checked against the policies read at its first
+        check, not by opening the database each time (0.3 s a time on one with many past
+        releases)."""
         r = Request(sql, epsilon=epsilon, delta=delta, strategy=strategy,
                     calibration=calibration, model=model, target_rmse=target_rmse,
                     max_stderr=max_stderr, reuse=self.reuse if reuse is None else reuse)
         ask = Ask(r, release=False)
-        if policies is not None:
-            release_path.check(Public(None, policies, self.kernel.private), ask)
+        if block is not None:
+            if block.policies is None:
+                block.policies = self.policies()
+            release_path.check(Public(None, block.policies, self.kernel.private), ask)
             return
         with self._request() as con:
             release_path.check(self._public(con), ask)

@@ -102,15 +102,14 @@ class Cursor:
         with _backend(), self.connection._planning():
             if block is None:
                 return session.explain(sql, **settings)
-            if block.policies is None:
-                block.policies = session.policies()
-            return session.check(sql, policies=block.policies, **settings)
+            return session.check(sql, block=block, **settings)
 
     def _run(self, sql: str | list[str]) -> "Cursor":
         """Answer ``sql``, walking its workload markers (:func:`dpsql.sql.marker.walk`) when
         it has any or a block is open: queries inside a block are checked (the block so far
-        parsed and compiled: ``Session.check``) and collected; ``COMMIT`` releases the block as one workload. The
-        result sets of every release this execute made are loaded, in order."""
+        parsed and compiled: ``Session.check``) and collected; ``COMMIT`` releases the block
+        as one workload. The result sets of every release this execute made are loaded, in
+        order."""
         conn = self.connection
         texts = [sql] if isinstance(sql, str) else sql
         with conn._block_lock:

@@ -124,9 +124,9 @@ def has_marker(text: str) -> bool:
 class WorkloadBlock:
     """The statements collected since ``BEGIN WORKLOAD`` (one per connection, shell or
     script walk). ``opened``: where it was opened, for messages. ``policies``: the protected
-    tables' policies as first read for this block (``Session.policies()``), against which
-    an interface checks each statement collected (``Session.check``) without reopening the
-    database each time; the release at ``COMMIT`` reads them afresh."""
+    tables' policies as first read for this block (``Session.check(sql, block=…)``), against
+    which each statement collected is checked without reopening the database each time; the
+    release at ``COMMIT`` reads them afresh."""
 
     statements: list = field(default_factory=list)
     is_open: bool = False

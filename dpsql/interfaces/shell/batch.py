@@ -65,10 +65,7 @@ def _collect(ex, text: str) -> None:
     sql = "\n".join([*block.statements, text])
     try:
         if not ex.state.interactive:
-            session = ex.state.session
-            if block.policies is None:
-                block.policies = session.policies()
-            session.check(sql, policies=block.policies, **ex.state.request())
+            ex.state.session.check(sql, block=block, **ex.state.request())
             block.add(text)
             return
         expl = ex._explained(sql, ex.state.request())
