@@ -184,6 +184,8 @@ def show_exact(value) -> str:
     f = Fraction(repr(value)) if isinstance(value, float) else Fraction(value)
     if f == 0:
         return "0"
+    if f.denominator == 1 and abs(f) < 10 ** 15:     # 10, not 1e+01
+        return str(f.numerator)
     for digits in range(1, 18):
         s = f"{float(f):.{digits}g}"
         if Fraction(s) == f:

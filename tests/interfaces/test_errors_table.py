@@ -266,3 +266,12 @@ def test_dbapi_real_refusals_follow_the_table(files):
             assert isinstance(cause, DpsqlError)
             assert type(info.value).__name__ == error_row(cause).dbapi
 
+
+
+def test_budgets_show_as_short_exact_decimals():
+    """Exact budget values read as people write them: an integer budget of 10 printed as
+    ``1e+01`` ("remaining epsilon 9 of 1e+01", seen by a new user)."""
+    show_exact = errors.show_exact
+    assert [show_exact(v) for v in (10, 10.0, Fraction(90), 0.25, 1e-6, 12.5, 0)] == [
+        "10", "10", "90", "0.25", "1e-06", "12.5", "0"]
+    assert show_exact(Fraction(1, 3)) == "0.333333 (exactly 1/3)"
