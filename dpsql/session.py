@@ -143,10 +143,9 @@ class Session:
         Accuracy first: give ``target_rmse`` (the batch's expected RMSE) or ``max_stderr``
         (every answer's standard error) instead of ``epsilon``, and the explanation is for
         the smallest ε (at this δ, three significant digits) that meets it."""
-        r = Request(sql, epsilon=epsilon, delta=delta, strategy=strategy,
-                    calibration=calibration, model=model, target_rmse=target_rmse,
-                    max_stderr=max_stderr, reuse=self.reuse if reuse is None else reuse)
-        ask = Ask(r, release=False)
+        ask = self._planning_ask(sql, epsilon=epsilon, delta=delta, strategy=strategy,
+                                 calibration=calibration, model=model,
+                                 target_rmse=target_rmse, max_stderr=max_stderr, reuse=reuse)
         with self._request() as con:
             return release_path.explain(self._public(con), ask)
 
@@ -161,10 +160,9 @@ class Session:
         whose statements ``sql`` extends): checked against the policies read at its first
         check, not by opening the database each time (0.3 s a time on one with many past
         releases)."""
-        r = Request(sql, epsilon=epsilon, delta=delta, strategy=strategy,
-                    calibration=calibration, model=model, target_rmse=target_rmse,
-                    max_stderr=max_stderr, reuse=self.reuse if reuse is None else reuse)
-        ask = Ask(r, release=False)
+        ask = self._planning_ask(sql, epsilon=epsilon, delta=delta, strategy=strategy,
+                                 calibration=calibration, model=model,
+                                 target_rmse=target_rmse, max_stderr=max_stderr, reuse=reuse)
         if block is not None:
             if block.policies is None:
                 block.policies = self.policies()
@@ -172,6 +170,12 @@ class Session:
             return
         with self._request() as con:
             release_path.check(self._public(con), ask)
+
+    def _planning_ask(self, sql, *, reuse: bool | None, **settings) -> Ask:
+        """The request :meth:`explain` and :meth:`check` plan (nothing released): its
+        settings checked as every request's are, ``reuse`` the session's unless given."""
+        return Ask(Request(sql, reuse=self.reuse if reuse is None else reuse, **settings),
+                   release=False)
 
     def answer(self, sql: str | Sequence[str], *, epsilon=None, delta=None,
                strategy: str = "auto",
